@@ -1,0 +1,148 @@
+"""Configuration dataclasses and TOML presets.
+
+A preset (export/presets/NAME.toml) has three tables, [model], [data] and [train], whose keys are the
+fields of ModelConfig, DataConfig and TrainConfig. Unknown keys are a user error, not silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hrm_edge.errors import UserError
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "hrm"  # "hrm": one shared block iterated; "transformer": n_layers independent blocks
+    vocab_size: int = 4096
+    d_model: int = 192
+    n_heads: int = 6
+    ffn_hidden: int = 0  # 0: derived, SwiGLU width ~ 8/3 * d_model rounded up to a multiple of 32
+    max_seq_len: int = 256
+    # HRM iteration: H outer (slow) cycles, each L inner (fast) steps then one slow step.
+    H_cycles: int = 2
+    L_cycles: int = 3
+    gate_rank: int = 0  # 0: derived, d_model // 8 (low rank keeps the gates a small share of the block)
+    slow_gate_bias: float = -2.0  # sigmoid(-2) ~ 0.12: the slow level starts by updating conservatively
+    fast_gate_bias: float = 0.0  # sigmoid(0) = 0.5
+    use_step_embedding: bool = True
+    aux_loss_weight: float = 0.0  # weight of the readouts after outer cycles 1..H-1 (depth dial)
+    n_layers: int = 4  # only for arch == "transformer"
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        if self.arch not in ("hrm", "transformer"):
+            raise UserError(f"model.arch must be 'hrm' or 'transformer', got {self.arch!r}")
+        if self.d_model % self.n_heads:
+            raise UserError(f"model.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if (self.d_model // self.n_heads) % 2:
+            raise UserError("model head_dim (d_model / n_heads) must be even for RoPE")
+        if self.ffn_hidden == 0:
+            self.ffn_hidden = 32 * -(-(8 * self.d_model // 3) // 32)
+        if self.gate_rank == 0:
+            self.gate_rank = max(4, self.d_model // 8)
+        if self.H_cycles < 1 or self.L_cycles < 0:
+            raise UserError("model.H_cycles must be >= 1 and model.L_cycles >= 0")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def n_steps(self) -> int:
+        """T: block applications per forward pass."""
+        if self.arch == "hrm":
+            return self.H_cycles * (self.L_cycles + 1)
+        return self.n_layers
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        from hrm_edge.io import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> "ModelConfig":
+        return from_dict(cls, json.loads(Path(path).read_text()), str(path))
+
+
+@dataclass
+class DataConfig:
+    corpus: str = ""  # "" = the Python standard library source of the running interpreter
+    max_corpus_bytes: int = 0  # 0 = no limit; the tiny preset reads a small slice to stay fast
+    val_percent: int = 5  # files whose path hash falls in this bucket are validation
+    calib_percent: int = 5  # next bucket: calibration (never validation)
+    tokenizer_sample_bytes: int = 4_000_000  # how much training text the BPE trainer sees
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1337
+    seq_len: int = 128
+    batch_size: int = 16
+    steps: int = 2000
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_batches: int = 8
+    checkpoint_every: int = 500
+    threads: int = 0  # 0 = torch default
+
+
+@dataclass
+class Preset:
+    name: str
+    model: ModelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def from_dict(cls, values: dict, where: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} for {cls.__name__}")
+    return cls(**values)
+
+
+def presets_dir() -> Path:
+    """Presets live in export/presets/ of the repository; an installed package carries a copy."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "export" / "presets", here / "presets"):
+        if candidate.is_dir():
+            return candidate
+    raise UserError("cannot find the presets folder (export/presets)")
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in presets_dir().glob("*.toml"))
+
+
+def load_preset(name_or_path: str) -> Preset:
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = presets_dir() / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise UserError(f"unknown preset {name_or_path!r}; known presets: {', '.join(preset_names())}")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path}: invalid TOML: {e}") from None
+    unknown = sorted(set(raw) - {"model", "data", "train"})
+    if unknown:
+        raise UserError(f"{path}: unknown table(s) {', '.join(unknown)}")
+    return Preset(
+        name=path.stem,
+        model=from_dict(ModelConfig, raw.get("model", {}), f"{path} [model]"),
+        data=from_dict(DataConfig, raw.get("data", {}), f"{path} [data]"),
+        train=from_dict(TrainConfig, raw.get("train", {}), f"{path} [train]"),
+    )

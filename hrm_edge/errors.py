@@ -1,0 +1,21 @@
+"""User mistakes become one line on stderr and exit code 2; everything else is a bug and keeps its traceback."""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+
+class UserError(Exception):
+    """Bad input from the user (a path, a flag, a corpus): reported as one line, exit code 2."""
+
+
+def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> None:
+    try:
+        code = main(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)

@@ -1,0 +1,77 @@
+import pytest
+import torch
+
+from hrm_edge.config import ModelConfig
+from hrm_edge.model import HRMLM, TracedForm, parameter_counts
+
+TINY = dict(vocab_size=97, d_model=32, n_heads=4, max_seq_len=32)
+
+
+def make(arch="hrm", seed=0, **kw):
+    torch.manual_seed(seed)
+    model = HRMLM(ModelConfig(arch=arch, **(TINY | kw))).eval()
+    # random gate biases and step embeddings so the checks do not pass only because of the init values
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("arch", ["hrm", "transformer"])
+def test_causal(arch):
+    """Perturbing token j must leave the logits at every position < j unchanged."""
+    model = make(arch)
+    tokens = torch.randint(0, 97, (2, 24))
+    with torch.no_grad():
+        base = model(tokens)
+        for j in (0, 7, 23):
+            changed = tokens.clone()
+            changed[:, j] = (changed[:, j] + 1) % 97
+            out = model(changed)
+            assert torch.equal(out[:, :j], base[:, :j]), f"position < {j} changed"
+            assert not torch.allclose(out[:, j], base[:, j]), "the perturbed position itself must change"
+
+
+def test_loop_forms_agree():
+    """python loop (eager), while_loop (the ONNX Loop form) and the unrolled torch.export graph."""
+    model = make(H_cycles=2, L_cycles=2)
+    tokens = torch.randint(0, 97, (3, 17))
+    with torch.no_grad():
+        loop = model(tokens, form="loop")
+        while_loop = model(tokens, form="while_loop")
+        unrolled = torch.export.export(TracedForm(model, "loop"), (tokens,), strict=False).module()(tokens)
+    assert (loop - while_loop).abs().max().item() <= 1e-5
+    assert (loop - unrolled).abs().max().item() <= 1e-5
+    assert loop.abs().max() > 0.1  # not trivially zero
+
+
+def test_fewer_cycles_and_aux_readouts():
+    model = make(H_cycles=3, L_cycles=1, aux_loss_weight=0.5)
+    tokens = torch.randint(0, 97, (1, 9))
+    with torch.no_grad():
+        readouts = model(tokens, aux=True)
+        assert len(readouts) == 3
+        for k in (1, 2, 3):
+            assert torch.allclose(model(tokens, n_cycles=k), readouts[k - 1], atol=1e-6)
+            assert torch.allclose(model(tokens, form="while_loop", n_cycles=k), readouts[k - 1], atol=1e-5)
+    loss, _ = model.loss(tokens, tokens)
+    assert torch.isfinite(loss)
+
+
+def test_parameters_are_one_block():
+    model = make(d_model=64, n_heads=4)
+    cfg = model.cfg
+    block = sum(p.numel() for p in model.block.parameters())
+    gates = sum(p.numel() for p in model.gate_fast.parameters()) + sum(p.numel() for p in model.gate_slow.parameters())
+    assert gates < 0.15 * block, "the gates must stay a small fraction of the shared block"
+    total, unique = parameter_counts(model)
+    assert total - unique == (cfg.n_steps - 1) * block
+    assert cfg.n_steps == 8
+    baseline = make("transformer", d_model=64, n_heads=4, n_layers=8)
+    assert sum(p.numel() for p in baseline.parameters()) > 4 * unique
+
+
+def test_gate_init():
+    model = HRMLM(ModelConfig(**TINY))
+    assert torch.allclose(model.gate_slow.bias, torch.full_like(model.gate_slow.bias, -2.0))
+    assert torch.allclose(model.gate_fast.bias, torch.zeros_like(model.gate_fast.bias))

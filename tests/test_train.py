@@ -1,0 +1,67 @@
+import json
+
+import numpy as np
+import pytest
+
+from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig, load_preset
+from hrm_edge.data import load_corpus, random_batch
+from hrm_edge.errors import UserError
+from hrm_edge.train import train
+
+
+def small_preset(corpus, steps=60):
+    return Preset(
+        name="test",
+        model=ModelConfig(vocab_size=300, d_model=32, n_heads=4, max_seq_len=64, H_cycles=2, L_cycles=1),
+        data=DataConfig(corpus=str(corpus)),
+        train=TrainConfig(seq_len=32, batch_size=8, steps=steps, lr=3e-3, warmup_steps=5, eval_every=30,
+                          eval_batches=2, checkpoint_every=30),
+    )
+
+
+def test_training_lowers_validation_loss(text_corpus, tmp_path):
+    state = train(small_preset(text_corpus), tmp_path / "ckpt", progress=False, log=lambda *_: None)
+    hist = state["history"]
+    assert hist[0]["step"] == 0 and hist[-1]["step"] == 60
+    assert hist[-1]["val_loss"] < hist[0]["val_loss"] - 0.5, hist
+    assert 0 < hist[-1]["val_bits_per_byte"] < hist[0]["val_bits_per_byte"]
+    saved = json.loads((tmp_path / "ckpt" / "train_state.json").read_text())
+    assert saved["step"] == 60
+
+
+def test_resume_matches_uninterrupted(text_corpus, tmp_path):
+    full = train(small_preset(text_corpus, steps=40), tmp_path / "a", progress=False, log=lambda *_: None)
+    train(small_preset(text_corpus, steps=40), tmp_path / "b", progress=False, log=lambda *_: None, stop_at=17)
+    resumed = train(small_preset(text_corpus, steps=40), tmp_path / "b", resume=True, progress=False,
+                    log=lambda *_: None)
+    a, b = full["history"][-1]["val_loss"], resumed["history"][-1]["val_loss"]
+    assert abs(a - b) < 1e-4, (a, b)
+
+
+def test_splits_are_deterministic_and_disjoint(text_corpus):
+    c1, c2 = load_corpus(DataConfig(corpus=str(text_corpus))), load_corpus(DataConfig(corpus=str(text_corpus)))
+    assert c1.names_sha256 == c2.names_sha256
+    assert c1.train and c1.val and c1.calib
+    assert not set(c1.val) & set(c1.train) and not set(c1.val) & set(c1.calib)
+
+
+def test_default_corpus_is_the_stdlib():
+    c = load_corpus(DataConfig(max_corpus_bytes=300_000))
+    assert c.source.startswith("python-stdlib")
+    assert sum(map(len, c.train)) > 100_000 and c.val
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    stream = np.arange(1000, dtype=np.int32)
+    x1, y1 = random_batch(stream, 4, 16, seed=1, step=5)
+    x2, _ = random_batch(stream, 4, 16, seed=1, step=5)
+    x3, _ = random_batch(stream, 4, 16, seed=1, step=6)
+    assert np.array_equal(x1, x2) and not np.array_equal(x1, x3)
+    assert np.array_equal(x1[:, 1:], y1[:, :-1])
+
+
+def test_presets_load():
+    assert load_preset("tiny").model.d_model == 64
+    assert load_preset("default").model.arch == "hrm"
+    with pytest.raises(UserError, match="unknown preset"):
+        load_preset("nope")
