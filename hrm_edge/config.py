@@ -1,7 +1,7 @@
 """Configuration dataclasses and TOML presets.
 
-A preset (export/presets/NAME.toml) has three tables, [model], [data] and [train], whose keys are the
-fields of ModelConfig, DataConfig and TrainConfig. Unknown keys are a user error, not silently ignored.
+A preset (export/presets/NAME.toml) has the tables [model], [data], [train] and [quant], whose keys are
+the fields of ModelConfig, DataConfig, TrainConfig and QuantConfig. Unknown keys are a user error, not silently ignored.
 """
 from __future__ import annotations
 
@@ -96,6 +96,16 @@ class TrainConfig:
     eval_batches: int = 8
     checkpoint_every: int = 500
     threads: int = 0  # 0 = torch default
+    bf16_autocast: bool = False  # bf16 matmuls on CPUs with AVX-512-BF16/AMX (measured 1.3x here); eval stays fp32
+
+
+@dataclass
+class QuantConfig:
+    calib_samples: int = 32  # calibration windows (of the training seq_len) from the calibration split
+    calib_seed: int = 1234
+    # quality gate of every int8 artifact against fp32 eager, on the validation split
+    int8_min_top1: float = 0.97
+    int8_max_ppl_ratio: float = 1.02
 
 
 @dataclass
@@ -104,6 +114,7 @@ class Preset:
     model: ModelConfig
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
 
 
 def from_dict(cls, values: dict, where: str):
@@ -137,7 +148,7 @@ def load_preset(name_or_path: str) -> Preset:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path}: invalid TOML: {e}") from None
-    unknown = sorted(set(raw) - {"model", "data", "train"})
+    unknown = sorted(set(raw) - {"model", "data", "train", "quant"})
     if unknown:
         raise UserError(f"{path}: unknown table(s) {', '.join(unknown)}")
     return Preset(
@@ -145,4 +156,5 @@ def load_preset(name_or_path: str) -> Preset:
         model=from_dict(ModelConfig, raw.get("model", {}), f"{path} [model]"),
         data=from_dict(DataConfig, raw.get("data", {}), f"{path} [data]"),
         train=from_dict(TrainConfig, raw.get("train", {}), f"{path} [train]"),
+        quant=from_dict(QuantConfig, raw.get("quant", {}), f"{path} [quant]"),
     )

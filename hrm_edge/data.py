@@ -83,7 +83,7 @@ def _chunks(text: str, size: int) -> list[str]:
     return out
 
 
-def load_corpus(cfg: DataConfig) -> Corpus:
+def load_corpus(cfg: DataConfig, required_splits: tuple[str, ...] = ("train", "val")) -> Corpus:
     """Read, validate and split the corpus. User mistakes raise UserError."""
     import sys
 
@@ -127,7 +127,7 @@ def load_corpus(cfg: DataConfig) -> Corpus:
         corpus.split(split).append(text)
         h.update(f"{split}\t{name}\t{len(text)}\n".encode())
     corpus.names_sha256 = h.hexdigest()
-    for split in ("train", "val"):
+    for split in required_splits:
         if not corpus.split(split):
             raise UserError(
                 f"corpus {source} is too small: its {split} split is empty "

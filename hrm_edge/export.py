@@ -18,9 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import check_writable_dir, sha256_file
-from hrm_edge.parity import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, run_gate
+from hrm_edge.parity import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, run_gate, tolerances
 
 DEFAULT_OUT = Path("export/out")
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "default_model"
@@ -43,22 +45,63 @@ def _stage(msg: str, log=print):
     return time.perf_counter()
 
 
-def _data_config_for(checkpoint: Path, corpus: str | None):
-    """The data config a checkpoint was trained with (its validation split is the parity set)."""
-    from hrm_edge.config import DataConfig, from_dict
+def _configs_for(checkpoint: Path, corpus: str | None):
+    """The data and quant configs a checkpoint was trained with (its validation split is the parity set)."""
+    from hrm_edge.config import DataConfig, QuantConfig, from_dict
 
     state_path = checkpoint / "train_state.json"
-    data = DataConfig()
-    if state_path.is_file():
-        data = from_dict(DataConfig, json.loads(state_path.read_text()).get("data", {}), str(state_path))
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    data = from_dict(DataConfig, state.get("data", {}), str(state_path))
+    quant = from_dict(QuantConfig, state.get("quant", {}), str(state_path))
     if corpus:
         data.corpus = corpus
-    return data
+    return data, quant
+
+
+INT8_MODES = ("static", "dynamic", "pt2e")
+DEFAULT_INT8 = ("static", "dynamic")
+GREEDY_NEW_TOKENS = 64  # decode parity: this many greedy tokens must match eager fp32 exactly
+
+
+def _artifact(path: Path, fmt: str, precision: str, program: str, iteration: str, **extra) -> dict:
+    art = {"path": path.name, "format": fmt, "runtime": "onnxruntime" if fmt == "onnx" else "executorch",
+           "precision": precision, "program": program, "iteration": iteration}
+    if fmt == "pte":
+        art["backend"] = "xnnpack"
+    return art | extra
+
+
+def export_fp32(out: Path, model, tok, formats, artifacts: list, prefill_len: int, log) -> None:
+    """fp32 artifacts: full-sequence and KV-cache programs, for each format asked for."""
+    from hrm_edge.tokenizer import bos_id, eos_id
+
+    cfg = model.cfg
+    loop = "onnx_loop" if cfg.arch == "hrm" else "unrolled"
+    kv = {"prefill_len": prefill_len}
+    if "onnx" in formats:
+        from hrm_edge.export_onnx import export_onnx, export_onnx_decode
+
+        t = _stage(f"exporting fp32 ONNX ({'iteration as an ONNX Loop' if loop == 'onnx_loop' else 'unrolled'})", log)
+        artifacts.append(_artifact(export_onnx(model, out / f"{cfg.arch}.fp32.onnx"), "onnx", "fp32", "full_sequence", loop))
+        artifacts.append(_artifact(export_onnx_decode(model, out / f"{cfg.arch}.fp32.kv.onnx"), "onnx", "fp32",
+                                   "kv_cache", loop, **kv))
+        log(f"[export] wrote 2 ONNX graphs in {time.perf_counter() - t:.0f} s")
+    if "pte" in formats:
+        from hrm_edge.export_executorch import export_pte, export_pte_decode
+
+        t = _stage("exporting fp32 ExecuTorch programs (unrolled, XNNPACK)", log)
+        artifacts.append(_artifact(export_pte(model, out / f"{cfg.arch}.fp32.pte", bos_id(tok), eos_id(tok)),
+                                   "pte", "fp32", "full_sequence", "unrolled"))
+        artifacts.append(_artifact(export_pte_decode(model, out / f"{cfg.arch}.fp32.kv.pte", bos_id(tok), eos_id(tok)),
+                                   "pte", "fp32", "kv_cache", "unrolled", **kv))
+        log(f"[export] wrote 2 programs in {time.perf_counter() - t:.0f} s")
 
 
 def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | None = None,
                corpus: str | None = None, steps: int | None = None, parity_samples: int = 8,
-               formats: tuple[str, ...] = ("onnx", "pte"), progress: bool = True, log=print) -> bool:
+               formats: tuple[str, ...] = ("onnx", "pte"), int8: tuple[str, ...] = DEFAULT_INT8,
+               calib_samples: int | None = None, calib_corpus: str | None = None,
+               progress: bool = True, log=print) -> bool:
     """The whole pipeline into `out`. Returns True when every artifact passed the parity gate."""
     from hrm_edge.config import load_preset
     from hrm_edge.data import encode_documents, fixed_windows, load_corpus
@@ -78,7 +121,7 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
         checkpoint = Path(checkpoint)
         if not checkpoint.is_dir():
             raise UserError(f"checkpoint folder not found: {checkpoint}")
-        data_cfg = _data_config_for(checkpoint, corpus)
+        data_cfg, quant_cfg = _configs_for(checkpoint, corpus)
         seq_len = None
     else:
         preset = load_preset(preset_name or "default")
@@ -92,7 +135,7 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
         t = _stage(f"training preset {preset.name!r} into {checkpoint}", log)
         train(preset, checkpoint, progress=progress, log=log)
         log(f"[export] trained in {time.perf_counter() - t:.0f} s")
-        data_cfg, seq_len = preset.data, preset.train.seq_len
+        data_cfg, quant_cfg, seq_len = preset.data, preset.quant, preset.train.seq_len
 
     model = load_model(checkpoint)
     tok = load_tokenizer(checkpoint / TOKENIZER)
@@ -112,27 +155,25 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
     seq_len = min(seq_len, cfg.max_seq_len)
     windows = fixed_windows(encode_documents(tok, corpus_obj.val), parity_samples, seq_len)
     reference = eager_logits(model, windows[:, :-1])
-    write_bundle(out / BUNDLE, windows, reference)
+    int8_references: dict = {}
 
     total, unique = parameter_counts(model)
-    stem = f"{cfg.arch}"
+    prefill_len = max(1, seq_len // 4)  # KV-cache programs: prefill this many tokens, decode the rest
     artifacts = []
-    if "onnx" in formats:
-        from hrm_edge.export_onnx import export_onnx
+    export_fp32(out, model, tok, formats, artifacts, prefill_len, log)
+    calibration = None
+    if int8:
+        calibration = _export_int8(out, model, tok, data_cfg, artifacts, int8_references, windows, seq_len,
+                                   int8, calib_samples or quant_cfg.calib_samples, calib_corpus,
+                                   quant_cfg.calib_seed, prefill_len, log)
+    greedy = None
+    if any(a["program"] == "kv_cache" for a in artifacts):
+        from hrm_edge.generate import EagerDecoder, generate
 
-        t = _stage("exporting fp32 ONNX (iteration as an ONNX Loop)" if cfg.arch == "hrm" else "exporting fp32 ONNX", log)
-        path = export_onnx(model, out / f"{stem}.fp32.onnx")
-        log(f"[export] wrote {path.name} in {time.perf_counter() - t:.0f} s")
-        artifacts.append({"path": path.name, "format": "onnx", "runtime": "onnxruntime", "precision": "fp32",
-                          "program": "full_sequence", "iteration": "onnx_loop" if cfg.arch == "hrm" else "unrolled"})
-    if "pte" in formats:
-        from hrm_edge.export_executorch import export_pte
-
-        t = _stage("exporting fp32 ExecuTorch program (unrolled, XNNPACK)", log)
-        path = export_pte(model, out / f"{stem}.fp32.pte", bos_id(tok), eos_id(tok))
-        log(f"[export] wrote {path.name} in {time.perf_counter() - t:.0f} s")
-        artifacts.append({"path": path.name, "format": "pte", "runtime": "executorch", "backend": "xnnpack",
-                          "precision": "fp32", "program": "full_sequence", "iteration": "unrolled"})
+        n_new = min(GREEDY_NEW_TOKENS, cfg.max_seq_len - prefill_len)
+        prompt = windows[0, :prefill_len]
+        greedy = (prompt, np.array(generate(EagerDecoder(model), prompt.tolist(), n_new).tokens, dtype=np.int64))
+    write_bundle(out / BUNDLE, windows, reference, int8_references, greedy)
     for art in artifacts:
         art["bytes"] = (out / art["path"]).stat().st_size
         art["sha256"] = sha256_file(out / art["path"])
@@ -152,6 +193,8 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
         "corpus": {"source": corpus_obj.source, "split_sha256": corpus_obj.names_sha256},
         "parity_bundle": {"path": BUNDLE, "sha256": sha256_file(out / BUNDLE), "samples": int(windows.shape[0]),
                           "seq_len": int(windows.shape[1] - 1), "source": "validation split"},
+        "calibration": calibration,
+        "tolerances": tolerances(quant_cfg),
         "artifacts": artifacts,
     }
     t = _stage(f"parity gate on {len(artifacts)} artifact(s), {windows.shape[0]} x {seq_len} tokens", log)
@@ -159,6 +202,97 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
     ok = run_gate(out, manifest, recompute_reference=False, log=log)
     log(f"[export] {'PASSED' if ok else 'FAILED'}: {out / MANIFEST}, {out / REPORT}")
     return ok
+
+
+def _export_int8(out, model, tok, data_cfg, artifacts, references, windows, seq_len, int8, calib_samples,
+                 calib_corpus, calib_seed, prefill_len, log) -> dict:
+    """Calibrate, then write the int8 artifacts next to the fp32 ones; their eager int8 references go
+    into `references` (for the parity bundle). Returns the manifest's calibration record."""
+    import torch
+
+    from hrm_edge.calibrate import activation_ranges, make_calibration_set, record_dict, save_calibration_set
+    from hrm_edge.io import atomic_write_text
+    from hrm_edge.parity import eager_logits
+    from hrm_edge.quantize import (dynamic_int8_model, dynamic_int8_names, int8_weight_bytes, static_int8_names,
+                                   static_int8_reference, static_plan)
+
+    cfg = model.cfg
+    t = _stage(f"calibrating: {calib_samples} windows of {seq_len} tokens, ranges per iteration step", log)
+    calib_windows, record = make_calibration_set(tok, data_cfg, calib_samples, seq_len, calib_seed, calib_corpus)
+    save_calibration_set(out / "calibration_set.npz", calib_windows)
+    ranges = activation_ranges(model, calib_windows) if cfg.arch == "hrm" else None
+    calibration = record_dict(record) | {"set": "calibration_set.npz", "ranges": "calibration.json"}
+    atomic_write_text(out / "calibration.json", json.dumps(calibration | {"activation_ranges": ranges}, indent=2) + "\n")
+    tokens = windows[:, :-1]
+    names = {a["path"] for a in artifacts}
+    kv = {"prefill_len": prefill_len}
+    embedding = "int8 per row, one table shared by gather and head (weight-only head)"
+
+    if "static" in int8 and f"{cfg.arch}.fp32.onnx" in names:
+        if cfg.arch != "hrm":
+            log("[export] static int8 ONNX is built for the HRM Loop graph only; skipped for the transformer baseline")
+        else:
+            from hrm_edge.export_onnx import quantize_static_int8
+
+            for scales in ("per_step", "shared"):
+                t = _stage(f"static int8 ONNX, activation scales {scales.replace('_', ' ')}", log)
+                plan = static_plan(model, ranges, per_step=scales == "per_step")
+                stem = f"hrm.int8-static-{scales.replace('_', '')}"
+                quant = {"mode": "static", "activation_scales": scales,
+                         "activations": "uint8 asymmetric per tensor, calibrated",
+                         "weights": "int8 symmetric per output channel (block linears)", "embedding": embedding,
+                         "fp32": "gates, attention scores", "calibration_sha256": record.tokens_sha256}
+                extra = {"reference": f"{stem}.onnx", "weight_bytes": int8_weight_bytes(model, static_int8_names(model)),
+                         "quantization": quant}
+                path = quantize_static_int8(out / "hrm.fp32.onnx", out / f"{stem}.onnx", model, plan)
+                artifacts.append(_artifact(path, "onnx", "int8", "full_sequence", "onnx_loop", **extra))
+                # per-tensor static scales make a position's result independent of the others: the
+                # full-sequence reference is the decode program's reference too
+                references[f"{stem}.onnx"] = eager_logits(static_int8_reference(model, plan), tokens)
+                if scales == "per_step" and "hrm.fp32.kv.onnx" in names:
+                    path = quantize_static_int8(out / "hrm.fp32.kv.onnx", out / f"{stem}.kv.onnx", model, plan)
+                    artifacts.append(_artifact(path, "onnx", "int8", "kv_cache", "onnx_loop", **extra, **kv))
+
+    if f"{cfg.arch}.fp32.pte" in names:
+        from hrm_edge.export_executorch import export_pte, export_pte_decode
+        from hrm_edge.tokenizer import bos_id, eos_id
+
+        bos, eos = bos_id(tok), eos_id(tok)
+    if "pt2e" in int8 and f"{cfg.arch}.fp32.pte" in names:
+        from hrm_edge.quantize import pt2e_int8_names, static_int8_pt2e_model
+
+        t = _stage("static int8 ExecuTorch program (PT2E XNNPACKQuantizer, calibrated, XNNPACK)", log)
+        graph = static_int8_pt2e_model(model, calib_windows)
+        path = export_pte(model, out / f"{cfg.arch}.int8-static.pte", bos, eos, traced=graph)
+        log(f"[export] wrote {path.name} in {time.perf_counter() - t:.0f} s")
+        with torch.no_grad():  # batch 1, as the program runs
+            references[path.name] = np.concatenate([graph(torch.from_numpy(tokens[i : i + 1])).numpy()
+                                                    for i in range(len(tokens))])
+        artifacts.append(_artifact(
+            path, "pte", "int8", "full_sequence", "unrolled", reference=path.name,
+            weight_bytes=int8_weight_bytes(model, pt2e_int8_names(model)),
+            quantization={"mode": "static", "activation_scales": "per_step (one observer per unrolled node)",
+                          "activations": "int8 per tensor, calibrated (PT2E XNNPACKQuantizer)",
+                          "weights": "int8 symmetric per output channel (every linear: block and gates)",
+                          "embedding": embedding, "calibration_sha256": record.tokens_sha256}))
+    if "dynamic" in int8 and f"{cfg.arch}.fp32.pte" in names:
+        t = _stage("dynamic int8 ExecuTorch programs (torchao 8-bit activations x 8-bit weights, XNNPACK)", log)
+        qmodel = dynamic_int8_model(model)
+        stem = f"{cfg.arch}.int8-dynamic"
+        extra = {"reference": f"{stem}.pte", "weight_bytes": int8_weight_bytes(model, dynamic_int8_names(model)),
+                 "quantization": {"mode": "dynamic", "activation_scales": "dynamic per token",
+                                  "activations": "int8 dynamic asymmetric per token",
+                                  "weights": "int8 symmetric per output channel (every linear: block and gates)",
+                                  "embedding": embedding, "calibration_sha256": None}}
+        path = export_pte(qmodel, out / f"{stem}.pte", bos, eos)
+        artifacts.append(_artifact(path, "pte", "int8", "full_sequence", "unrolled", **extra))
+        if f"{cfg.arch}.fp32.kv.pte" in names:
+            path = export_pte_decode(qmodel, out / f"{stem}.kv.pte", bos, eos)
+            artifacts.append(_artifact(path, "pte", "int8", "kv_cache", "unrolled", **extra, **kv))
+        log(f"[export] wrote the dynamic int8 programs in {time.perf_counter() - t:.0f} s")
+        # batch 1 as the programs run; per-token dynamic scales: one reference for full sequence and decode
+        references[f"{stem}.pte"] = np.concatenate([eager_logits(qmodel, tokens[i : i + 1]) for i in range(len(tokens))])
+    return calibration
 
 
 def main(argv=None) -> int:
@@ -174,19 +308,32 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, help="override the preset's training steps")
     p.add_argument("--parity-samples", type=int, default=8, help="validation windows for the parity gate (default 8)")
     p.add_argument("--formats", default="onnx,pte", help="comma-separated subset of onnx,pte (default: both)")
+    p.add_argument("--int8", default=",".join(DEFAULT_INT8),
+                   help="int8 artifacts to add: comma-separated subset of static,dynamic,pt2e, or none (default: "
+                        "static,dynamic). static: ONNX Loop graphs with calibrated activation scales, per iteration "
+                        "step and shared; dynamic: ExecuTorch programs with int8 dynamic activations (torchao); "
+                        "pt2e: ExecuTorch program with static PT2E XNNPACKQuantizer int8 (per-step scales by "
+                        "construction; its quality is below the gate on the tiny preset, see README)")
+    p.add_argument("--calib-samples", type=int, help="calibration windows (default: the preset's, 32)")
+    p.add_argument("--calib-corpus", help="text file or folder to calibrate on instead of the corpus's calibration split")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     a = p.parse_args(argv)
     formats = tuple(f.strip() for f in a.formats.split(",") if f.strip())
     bad = sorted(set(formats) - {"onnx", "pte"})
     if bad or not formats:
         raise UserError(f"--formats: unknown format(s) {', '.join(bad) or '(none given)'}; choose from onnx, pte")
+    int8 = () if a.int8.strip() == "none" else tuple(m.strip() for m in a.int8.split(",") if m.strip())
+    bad = sorted(set(int8) - set(INT8_MODES))
+    if bad:
+        raise UserError(f"--int8: unknown mode(s) {', '.join(bad)}; choose from static, dynamic, pt2e, none")
     if a.parity_samples < 1:
         raise UserError("--parity-samples must be >= 1")
     checkpoint = a.checkpoint
     if checkpoint is None and a.preset is None and SHIPPED_CHECKPOINT.is_dir():
         checkpoint = SHIPPED_CHECKPOINT
     ok = export_all(a.out, preset_name=a.preset, checkpoint=checkpoint, corpus=a.corpus, steps=a.steps,
-                    parity_samples=a.parity_samples, formats=formats, progress=not a.no_progress)
+                    parity_samples=a.parity_samples, formats=formats, int8=int8, calib_samples=a.calib_samples,
+                    calib_corpus=a.calib_corpus, progress=not a.no_progress)
     return 0 if ok else 1
 
 

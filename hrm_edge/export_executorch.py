@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from hrm_edge.io import atomic_write_bytes
-from hrm_edge.model import HRMLM, TracedForm
+from hrm_edge.model import HRMLM, DecodeForm, TracedForm
 
 TIED_WEIGHT = "model.embed.weight"
 
@@ -59,23 +59,46 @@ def metadata_methods(cfg, bos_id: int, eos_id: int, use_kv_cache: bool) -> dict:
     }
 
 
-def export_pte(model: HRMLM, path: Path, bos_id: int, eos_id: int, n_cycles: int | None = None) -> Path:
-    """Write an XNNPACK-lowered .pte: forward(tokens [1, S] int64) -> logits [1, S, V], 1 <= S <= max_seq_len."""
+def _lower(module, example: tuple, dynamic: tuple, cfg, path: Path, bos_id: int, eos_id: int, use_kv_cache: bool) -> Path:
+    """torch.export -> to_edge_transform_and_lower (XNNPACK, tied table kept once) -> atomic write."""
     from executorch.exir import to_edge_transform_and_lower
 
-    cfg = model.cfg
-    example = torch.randint(0, cfg.vocab_size, (1, min(16, cfg.max_seq_len)), generator=torch.Generator().manual_seed(0))
-    seq = torch.export.Dim("seq", min=1, max=cfg.max_seq_len)
-    traced = TracedForm(model.eval(), "loop", n_cycles)  # a Python loop: torch.export unrolls it
     # torchao logs "Failed to load" for its CUDA-only kernels on import: harmless on a CPU
     for name in ("executorch", "torchao"):
         logging.getLogger(name).setLevel(logging.ERROR)
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ep = torch.export.export(traced, (example,), dynamic_shapes=({1: seq},), strict=False)
+        with torch.no_grad():  # in-place cache writes must not be recorded for autograd
+            ep = torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
         edge = to_edge_transform_and_lower(
             ep, partitioner=[xnnpack_partitioner_keeping_tied_weight_once(ep)],
-            constant_methods=metadata_methods(cfg, bos_id, eos_id, use_kv_cache=False))
+            constant_methods=metadata_methods(cfg, bos_id, eos_id, use_kv_cache))
         program = edge.to_executorch()
     atomic_write_bytes(path, program.buffer)
     return path
+
+
+def export_pte(model: HRMLM, path: Path, bos_id: int, eos_id: int, n_cycles: int | None = None,
+               traced: torch.nn.Module | None = None) -> Path:
+    """Write an XNNPACK-lowered .pte: forward(tokens [1, S] int64) -> logits [1, S, V], 1 <= S <= max_seq_len.
+
+    `model` may be an int8 model from hrm_edge.quantize (dynamic_int8_model): its quantized linears are
+    delegated as XNNPACK int8 GEMMs and its Int8TiedEmbedding stays one int8 constant. `traced`, if
+    given, is the tokens -> logits module to export instead (a PT2E-converted graph of `model`)."""
+    cfg = model.cfg
+    example = torch.randint(0, cfg.vocab_size, (1, min(16, cfg.max_seq_len)), generator=torch.Generator().manual_seed(0))
+    seq = torch.export.Dim("seq", min=1, max=cfg.max_seq_len)
+    if traced is None:
+        traced = TracedForm(model.eval(), "loop", n_cycles)  # a Python loop: torch.export unrolls it
+    return _lower(traced, (example,), ({1: seq},), cfg, path, bos_id, eos_id, use_kv_cache=False)
+
+
+def export_pte_decode(model: HRMLM, path: Path, bos_id: int, eos_id: int) -> Path:
+    """Write the KV-cache program of ExecuTorch's text-LLM runner contract:
+    forward(tokens [1, S] int64, input_pos [1] int64) -> logits [1, S, V], 1 <= S < max_seq_len, the T
+    per-application K/V caches as mutable buffers updated in place, metadata as constant methods.
+    `model` may be an int8 model from hrm_edge.quantize."""
+    cfg = model.cfg
+    example = (torch.zeros(1, 4, dtype=torch.int64), torch.tensor([0], dtype=torch.int64))
+    seq = torch.export.Dim("seq", min=1, max=cfg.max_seq_len - 1)
+    return _lower(DecodeForm(model.eval()), example, ({1: seq}, None), cfg, path, bos_id, eos_id, use_kv_cache=True)

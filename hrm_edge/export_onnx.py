@@ -12,11 +12,12 @@ import logging
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 
 from hrm_edge.io import atomic_write_bytes
-from hrm_edge.model import HRMLM, TracedForm
+from hrm_edge.model import HRMLM, FunctionalDecodeForm, TracedForm, empty_cache
 
 
 def strip_debug_metadata(graph: onnx.GraphProto) -> None:
@@ -38,22 +39,164 @@ def main_graph_ops(model: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in model.graph.node]
 
 
+def _export(module, example: tuple, dynamic: tuple, input_names, output_names, path: Path, needs_loop: bool) -> Path:
+    """torch.onnx.export (dynamo) -> strip debug metadata -> check the Loop and the model -> atomic write."""
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" notices
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():  # the exporter prints its progress
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, example, dynamo=True, external_data=False, dynamic_shapes=dynamic,
+                                    input_names=input_names, output_names=output_names, verbose=False)
+    proto = program.model_proto
+    strip_debug_metadata(proto.graph)
+    if needs_loop and "Loop" not in main_graph_ops(proto):
+        raise RuntimeError(f"ONNX export of {path.name} lost the iteration Loop (main graph has no Loop node)")
+    onnx.checker.check_model(proto, full_check=True)
+    atomic_write_bytes(path, proto.SerializeToString())
+    return path
+
+
 def export_onnx(model: HRMLM, path: Path, n_cycles: int | None = None) -> Path:
-    """Write `path` (one self-contained file). HRM: iteration as an ONNX Loop; transformer: unrolled."""
+    """Write `path` (one self-contained file): tokens [B, S] -> logits [B, S, V], batch and sequence
+    dynamic. HRM: iteration as an ONNX Loop; transformer: unrolled."""
     cfg = model.cfg
     form = "while_loop" if cfg.arch == "hrm" else "loop"
     example = torch.randint(0, cfg.vocab_size, (2, min(16, cfg.max_seq_len)), generator=torch.Generator().manual_seed(0))
     dynamic = ({0: torch.export.Dim("batch", max=1024), 1: torch.export.Dim("seq", max=cfg.max_seq_len)},)
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" notices
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():  # the exporter prints its progress
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(TracedForm(model.eval(), form, n_cycles), (example,), dynamo=True,
-                                    external_data=False, dynamic_shapes=dynamic, input_names=["tokens"],
-                                    output_names=["logits"], verbose=False)
-    proto = program.model_proto
-    strip_debug_metadata(proto.graph)
-    if cfg.arch == "hrm" and "Loop" not in main_graph_ops(proto):
-        raise RuntimeError("ONNX export lost the iteration Loop (main graph has no Loop node)")
+    return _export(TracedForm(model.eval(), form, n_cycles), (example,), dynamic, ["tokens"], ["logits"], path,
+                   needs_loop=cfg.arch == "hrm")
+
+
+def export_onnx_decode(model: HRMLM, path: Path) -> Path:
+    """Write the KV-cache graph: (tokens [B, S], input_pos [1], k_cache, v_cache [T, B, H, L, hd]) ->
+    (logits [B, S, V], k_cache, v_cache). Prefill (S > 1) and decode (S = 1) are the same graph; the HRM
+    iteration is an ONNX Loop whose body reads and writes its own step's slice of the stacked caches."""
+    cfg = model.cfg
+    k, v = empty_cache(cfg, batch_size=2)
+    example = (torch.zeros(2, 4, dtype=torch.int64), torch.tensor([0], dtype=torch.int64), k, v)
+    batch, seq = torch.export.Dim("batch", max=1024), torch.export.Dim("seq", max=cfg.max_seq_len - 1)
+    dynamic = ({0: batch, 1: seq}, None, {1: batch}, {1: batch})
+    return _export(FunctionalDecodeForm(model.eval()), example, dynamic, ["tokens", "input_pos", "k_cache", "v_cache"],
+                   ["logits", "k_cache_out", "v_cache_out"], path, needs_loop=cfg.arch == "hrm")
+
+
+# ---- static int8 with the Loop kept ----
+# onnxruntime's static quantizer does not look inside Loop bodies, and inside a body ORT does not fuse
+# QDQ patterns (measured: slower than fp32, or a session error). So the body gets explicit integer ops:
+#   x_q = QuantizeLinear(x, s[t], zp[t])          s, zp: [T] vectors gathered by the loop counter t
+#   y_i = MatMulInteger(x_q, W_q, zp[t])          int8 weights, an outer-graph initializer stored once
+#   y   = DequantizeLinear(y_i, s[t] * w_scale, axis=-1)
+# which is what QDQ means, computed in int32 (measured 2.5-3x faster than fp32 in a Loop body).
+# The tied embedding table is one int8 initializer with per-row scales: the gather reads int8 rows, the
+# head dequantizes the table (weight-only int8; its fp32 input keeps the argmax close to fp32's).
+
+def _initializers(graph: onnx.GraphProto) -> dict:
+    return {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+
+
+def _find_initializer(arrays: dict, target) -> str:
+    for name, arr in arrays.items():
+        if arr.shape == target.shape and np.array_equal(arr, target):
+            return name
+    raise RuntimeError(f"no initializer holds a weight of shape {target.shape}")
+
+
+def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Path:
+    """Rewrite the fp32 Loop graph at `fp32_path` into a static int8 graph at `path` (see comment above)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hrm_edge.calibrate import BLOCK_LINEARS
+
+    proto = onnx.load(str(fp32_path))
+    main = proto.graph
+    arrays = _initializers(main)
+    loop = next(n for n in main.node if n.op_type == "Loop")
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    t_name = body.input[0].name  # the Loop's iteration counter, 0..T-1
+    new_inits = []
+
+    def add_init(name, arr):
+        new_inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    # which body MatMul reads which block weight: the exporter stores W^T under a generated name
+    weight_of = {_find_initializer(arrays, model.block.get_submodule(n).weight.detach().numpy().T): n
+                 for n in BLOCK_LINEARS}
+    nodes = []
+    for node in body.node:
+        name = weight_of.get(node.input[1]) if node.op_type == "MatMul" else None
+        if name is None:
+            nodes.append(node)
+            continue
+        p = f"q8.{name}"
+        s_all = add_init(f"{p}.x_scale", plan.act_scale[name])
+        zp_all = add_init(f"{p}.x_zero_point", plan.act_zero_point[name])
+        wq = add_init(f"{p}.w_int8", plan.weight_q[name].T.copy())  # [K, N] for MatMulInteger
+        ws = add_init(f"{p}.w_scale", plan.weight_scale[name])
+        x, y = node.input[0], node.output[0]
+        nodes += [
+            helper.make_node("Gather", [s_all, t_name], [f"{p}.s_t"], name=f"{p}.gather_s"),
+            helper.make_node("Gather", [zp_all, t_name], [f"{p}.zp_t"], name=f"{p}.gather_zp"),
+            helper.make_node("QuantizeLinear", [x, f"{p}.s_t", f"{p}.zp_t"], [f"{p}.x_q"], name=f"{p}.quantize"),
+            helper.make_node("MatMulInteger", [f"{p}.x_q", wq, f"{p}.zp_t"], [f"{p}.y_i32"], name=f"{p}.matmul"),
+            helper.make_node("Mul", [f"{p}.s_t", ws], [f"{p}.y_scale"], name=f"{p}.scale"),
+            helper.make_node("DequantizeLinear", [f"{p}.y_i32", f"{p}.y_scale"], [y], name=f"{p}.dequantize", axis=-1),
+        ]
+    if len(nodes) != len(body.node) + 5 * len(BLOCK_LINEARS):
+        raise RuntimeError("static int8: did not find every block linear in the Loop body")
+    del body.node[:]
+    body.node.extend(nodes)
+
+    # embedding gather and tied head read one int8 table with per-row scales
+    emb = "model.embed.weight"
+    eq = add_init("q8.embed.w_int8", plan.embed_q)
+    es = add_init("q8.embed.w_scale", plan.embed_scale)
+    minus_one = add_init("q8.axes_last", np.array([-1], dtype=np.int64))
+    nodes = []
+    transposed = {n.output[0] for n in main.node if n.op_type == "Transpose" and n.input[0] == emb}
+    for node in main.node:
+        if node.op_type == "Gather" and node.input[0] == emb:
+            tokens, out = node.input[1], node.output[0]
+            nodes += [
+                helper.make_node("Gather", [eq, tokens], ["q8.embed.rows_i8"], name="q8.embed.gather"),
+                helper.make_node("Cast", ["q8.embed.rows_i8"], ["q8.embed.rows_f"], to=TensorProto.FLOAT, name="q8.embed.cast"),
+                helper.make_node("Gather", [es, tokens], ["q8.embed.row_scale"], name="q8.embed.gather_scale"),
+                helper.make_node("Unsqueeze", ["q8.embed.row_scale", minus_one], ["q8.embed.row_scale_u"], name="q8.embed.unsq"),
+                helper.make_node("Mul", ["q8.embed.rows_f", "q8.embed.row_scale_u"], [out], name="q8.embed.dequantize"),
+            ]
+        elif node.op_type == "Transpose" and node.input[0] == emb:
+            # head: weight-only int8. The table is dequantized once per run (V x D multiplies) and the
+            # logits come from an fp32 MatMul: quantizing the head's input cost the most top-1 agreement.
+            nodes += [
+                helper.make_node("DequantizeLinear", [eq, es], ["q8.head.w_f32"], axis=0, name="q8.head.dequantize_w"),
+                helper.make_node("Transpose", ["q8.head.w_f32"], [node.output[0]], perm=[1, 0], name="q8.head.transpose"),
+            ]
+        else:
+            nodes.append(node)
+    if not transposed:
+        raise RuntimeError("static int8: did not find the tied head")
+    del main.node[:]
+    main.node.extend(nodes)
+    main.initializer.extend(new_inits)
+    _drop_unused_initializers(main)
+    del main.value_info[:]  # shapes/types of rewritten values changed; runtimes re-infer them
+    del body.value_info[:]
     onnx.checker.check_model(proto, full_check=True)
     atomic_write_bytes(path, proto.SerializeToString())
     return path
+
+
+def _used_names(graph: onnx.GraphProto, used: set) -> None:
+    for node in graph.node:
+        used.update(node.input)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _used_names(attr.g, used)
+    used.update(o.name for o in graph.output)
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    used: set = set()
+    _used_names(graph, used)
+    keep = [i for i in graph.initializer if i.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)

@@ -139,6 +139,7 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
     state = {"step": 0, "preset": preset.name, "train": dataclasses.asdict(tc), "data": dataclasses.asdict(preset.data),
+             "quant": dataclasses.asdict(preset.quant),
              "corpus": corpus.source, "corpus_split_sha256": corpus.names_sha256,
              "train_tokens": int(len(train_stream)), "val_tokens": int(len(val_stream)), "history": []}
     if resume:
@@ -165,11 +166,14 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
                                  "val_bits_per_byte": ev.bits_per_byte})
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not progress, desc="train", unit="step", mininterval=2.0)
     t_last, tokens_since = time.perf_counter(), 0
+    t_run = time.perf_counter()
+    wall_before = state.get("wall_time_s", 0.0)  # a resumed run adds to the time already spent
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tc)
         x, y = random_batch(train_stream, tc.batch_size, tc.seq_len, tc.seed, step)
-        loss, _ = model.loss(torch.from_numpy(x), torch.from_numpy(y))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.bf16_autocast):
+            loss, _ = model.loss(torch.from_numpy(x), torch.from_numpy(y))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
@@ -187,6 +191,7 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
             bar.write(f"step {done}: val loss {ev.loss:.4f}  ppl {ev.perplexity:.2f}  bpb {ev.bits_per_byte:.4f}")
         if done % tc.checkpoint_every == 0 or done == tc.steps or done == stop_at:
             state["step"] = done
+            state["wall_time_s"] = wall_before + time.perf_counter() - t_run
             save_checkpoint(out, model, opt, state)
         if done == stop_at:
             break
@@ -205,6 +210,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, help="override the preset's number of optimizer steps")
     p.add_argument("--seed", type=int, help="override the preset's seed")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: the preset's, else all cores)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     a = p.parse_args(argv)
     preset = load_preset(a.preset)
@@ -216,6 +222,8 @@ def main(argv=None) -> int:
         preset.train.steps = a.steps
     if a.seed is not None:
         preset.train.seed = a.seed
+    if a.threads is not None:
+        preset.train.threads = a.threads
     state = train(preset, a.out, resume=a.resume, progress=not a.no_progress)
     if state["history"]:
         last = state["history"][-1]

@@ -75,3 +75,28 @@ def test_gate_init():
     model = HRMLM(ModelConfig(**TINY))
     assert torch.allclose(model.gate_slow.bias, torch.full_like(model.gate_slow.bias, -2.0))
     assert torch.allclose(model.gate_fast.bias, torch.zeros_like(model.gate_fast.bias))
+
+
+@pytest.mark.parametrize("arch", ["hrm", "transformer"])
+def test_kv_cache_decoding_matches_full_sequence(arch):
+    """prefill 5 tokens, then decode one token at a time: the logits equal the full-sequence ones, with
+    the in-place cache (ExecuTorch form) and with the functional cache (ONNX form, Loop for HRM)."""
+    from hrm_edge.model import DecodeForm, FunctionalDecodeForm, empty_cache
+
+    model = make(arch, n_layers=3)
+    tokens = torch.randint(0, 97, (1, 12))
+    with torch.no_grad():
+        full = model(tokens)
+        dec = DecodeForm(model)
+        fun = FunctionalDecodeForm(model)
+        k, v = empty_cache(model.cfg)
+        outs_a, outs_b = [dec(tokens[:, :5], torch.tensor([0]))], []
+        logits, k, v = fun(tokens[:, :5], torch.tensor([0]), k, v)
+        outs_b.append(logits)
+        for p in range(5, 12):
+            outs_a.append(dec(tokens[:, p : p + 1], torch.tensor([p])))
+            logits, k, v = fun(tokens[:, p : p + 1], torch.tensor([p]), k, v)
+            outs_b.append(logits)
+    assert (torch.cat(outs_a, 1) - full).abs().max().item() <= 1e-5
+    assert (torch.cat(outs_b, 1) - full).abs().max().item() <= 1e-5
+    assert k.shape == (model.cfg.n_steps, 1, 4, 32, 8)

@@ -1,0 +1,307 @@
+"""Benchmark the artifacts of an export folder side by side, on the same machine and thread count.
+
+    python -m hrm_edge.bench export/out                 # 1 thread, tables on stdout, JSON in DIR/bench.json
+    python -m hrm_edge.bench export/out --threads 2 --no-baseline
+
+Each artifact (and the eager fp32 model) runs in a fresh process, so load time and peak RSS are its own.
+Full-sequence programs: forward latency at batch 1 (median of --repeats after a warm-up), tokens/s, bytes
+and the ratio to the fp32 artifact of the same format, with the quality columns (perplexity and top-1
+agreement vs fp32 eager) read from the manifest's parity results.
+KV-cache programs (and eager PyTorch with its KV cache): prefill tokens/s of a --prompt-len prompt, time to
+first token, decode tokens/s over --new-tokens greedy tokens, load time, peak RSS, bytes. The baseline
+(unless --no-baseline) is an unshared Transformer with T independent blocks of the same width (equal
+compute per token, T times the block parameters), random weights, exported the same way into DIR/baseline/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hrm_edge.errors import UserError, run_cli
+from hrm_edge.io import atomic_write_text
+from hrm_edge.parity import host_target, read_manifest
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeats: int) -> dict:
+    """Runs inside the child process: load and time one artifact ("eager" = the fp32 eager model)."""
+    manifest = read_manifest(out_dir)
+    vocab = manifest["model"]["vocab_size"]
+    tokens = np.random.default_rng(0).integers(0, vocab, size=(1, seq_len), dtype=np.int64)
+    # load time starts after the imports: it is the artifact's cost, not the interpreter's
+    if artifact == "eager":
+        import torch
+
+        from hrm_edge.train import load_model
+
+        torch.set_num_threads(threads)
+        t0 = time.perf_counter()
+        model = load_model(out_dir)
+        x = torch.from_numpy(tokens)
+
+        def run():
+            with torch.no_grad():
+                return model(x)
+    elif artifact.endswith(".onnx"):
+        import onnxruntime as ort
+
+        t0 = time.perf_counter()
+        so = ort.SessionOptions()
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(str(out_dir / artifact), so, providers=["CPUExecutionProvider"])
+        name = sess.get_inputs()[0].name
+
+        def run():
+            return sess.run(None, {name: tokens})
+    elif artifact.endswith(".pte"):
+        import torch
+        import executorch.kernels.quantized  # noqa: F401
+        from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+        from executorch.runtime import Runtime
+
+        _unsafe_reset_threadpool(threads)
+        t0 = time.perf_counter()
+        method = Runtime.get().load_program(str(out_dir / artifact)).load_method("forward")
+        x = torch.from_numpy(tokens).contiguous()
+
+        def run():
+            return method.execute([x])
+    else:
+        raise UserError(f"unknown artifact type: {artifact}")
+    run()  # first run: lazy initialisation (weight packing) counts as load
+    load_s = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    latency = statistics.median(times)
+    return {"artifact": artifact, "threads": threads, "seq_len": seq_len, "load_s": load_s,
+            "latency_ms": latency * 1e3, "tokens_per_s": seq_len / latency, "peak_rss_mb": _peak_rss_mb()}
+
+
+def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+    """Runs inside the child process: prefill + greedy decode with one KV-cache program ("eager" = eager)."""
+    from hrm_edge.generate import EagerDecoder, OnnxDecoder, PteDecoder, generate
+
+    t0 = time.perf_counter()
+    if artifact == "eager":
+        from hrm_edge.train import load_model
+
+        decoder = EagerDecoder(load_model(out_dir), threads)
+    elif artifact.endswith(".onnx"):
+        decoder = OnnxDecoder(out_dir / artifact, threads)
+    else:
+        decoder = PteDecoder(out_dir / artifact, threads)
+    vocab = decoder.prefill(np.zeros(1, dtype=np.int64)).shape[-1]  # also the lazy initialisation
+    load_s = time.perf_counter() - t0
+    prompt = np.random.default_rng(0).integers(0, vocab, size=prompt_len).tolist()
+    runs = [generate(decoder, prompt, new_tokens) for _ in range(repeats)]
+    prefill_s = statistics.median(g.prefill_s for g in runs)
+    decode = statistics.median(g.decode_tokens_per_s for g in runs)
+    return {"artifact": artifact, "threads": threads, "prompt_len": prompt_len, "new_tokens": new_tokens,
+            "load_s": load_s, "ttft_ms": prefill_s * 1e3, "prefill_tokens_per_s": prompt_len / prefill_s,
+            "decode_tokens_per_s": decode, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _child(out_dir: Path, args: list[str], threads: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "hrm_edge.bench", str(out_dir), *args, "--threads", str(threads)],
+                          capture_output=True, text=True, env=env)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"benchmark child {args} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
+    """The unshared equal-compute baseline: arch transformer with n_layers = T, same width and vocabulary,
+    random weights, exported as the same KV-cache programs (fp32 ONNX and .pte, dynamic int8 .pte)."""
+    import dataclasses
+
+    import torch
+
+    from hrm_edge.config import ModelConfig
+    from hrm_edge.export_executorch import export_pte_decode
+    from hrm_edge.export_onnx import export_onnx_decode
+    from hrm_edge.model import HRMLM
+    from hrm_edge.quantize import dynamic_int8_model
+
+    base = out_dir / "baseline"
+    cfg = ModelConfig(**manifest["model"])
+    cfg = dataclasses.replace(cfg, arch="transformer", n_layers=cfg.n_steps)
+    marker = base / "baseline.json"
+    if marker.is_file() and json.loads(marker.read_text()).get("model") == dataclasses.asdict(cfg):
+        return base  # exported earlier for this model shape
+    log(f"  exporting the unshared baseline ({cfg.n_layers} independent blocks) into {base} ...")
+    torch.manual_seed(0)
+    model = HRMLM(cfg).eval()
+    base.mkdir(parents=True, exist_ok=True)
+    cfg.save(base / "config.json")
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(base / "model.safetensors"))
+    bos, eos = manifest["tokenizer"]["bos_id"], manifest["tokenizer"]["eos_id"]
+    export_onnx_decode(model, base / "transformer.fp32.kv.onnx")
+    export_pte_decode(model, base / "transformer.fp32.kv.pte", bos, eos)
+    export_pte_decode(dynamic_int8_model(model), base / "transformer.int8-dynamic.kv.pte", bos, eos)
+    atomic_write_text(marker, json.dumps({"model": dataclasses.asdict(cfg)}) + "\n")
+    return base
+
+
+def run_decode_bench(out_dir: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int,
+                     baseline: bool, log=print) -> dict:
+    manifest = read_manifest(out_dir)
+    kv = [a for a in manifest["artifacts"] if a["program"] == "kv_cache"]
+    jobs = [(out_dir, "eager", "eager", "fp32", None)] + [(out_dir, a["path"], a["format"], a["precision"], a) for a in kv]
+    if baseline:
+        base = export_baseline(out_dir, manifest, log)
+        jobs += [(base, "eager", "eager", "fp32", None)] + [
+            (base, p.name, p.suffix[1:], "int8" if "int8" in p.name else "fp32", None)
+            for p in sorted(base.glob("*.kv.*"))]
+    rows = []
+    for folder, name, fmt, precision, art in jobs:
+        row = _child(folder, ["--one-decode", name, "--prompt-len", str(prompt_len), "--new-tokens", str(new_tokens),
+                              "--repeats", str(repeats)], threads)
+        row.update(model="baseline" if folder != out_dir else manifest["model"]["arch"], format=fmt, precision=precision,
+                   bytes=(folder / name).stat().st_size if name != "eager" else None)
+        rows.append(row)
+        log(f"  {row['model']:<11} {name:<34} prefill {row['prefill_tokens_per_s']:8.0f} tok/s, "
+            f"decode {row['decode_tokens_per_s']:7.0f} tok/s")
+    eager = rows[0]["decode_tokens_per_s"]
+
+    def program_kind(name):  # "hrm.int8-dynamic.kv.pte" and "transformer.int8-dynamic.kv.pte" are twins
+        return name if name == "eager" else name.split(".", 1)[1]
+
+    baseline_rows = {program_kind(r["artifact"]): r for r in rows if r["model"] == "baseline"}
+    for row in rows:
+        row["decode_vs_eager_fp32"] = row["decode_tokens_per_s"] / eager
+        twin = baseline_rows.get(program_kind(row["artifact"]))
+        if twin and row["model"] != "baseline":
+            row["decode_vs_baseline"] = row["decode_tokens_per_s"] / twin["decode_tokens_per_s"]
+    return {"prompt_len": prompt_len, "new_tokens": new_tokens, "rows": rows}
+
+
+def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repeats: int = 10, log=print) -> dict:
+    manifest = read_manifest(out_dir)
+    seq_len = seq_len or min(128, manifest["model"]["max_seq_len"])
+    if not 1 <= seq_len <= manifest["model"]["max_seq_len"]:
+        raise UserError(f"--seq-len must be in 1..{manifest['model']['max_seq_len']}")
+    fp32_bytes = {a["format"]: a["bytes"] for a in manifest["artifacts"] if a["precision"] == "fp32"}
+    rows = []
+    for art in [{"path": "eager", "format": "eager", "precision": "fp32"}] + manifest["artifacts"]:
+        if art.get("program") == "kv_cache":
+            continue  # measured by the decode benchmark
+        row = _child(out_dir, ["--one", art["path"], "--seq-len", str(seq_len), "--repeats", str(repeats)], threads)
+        row.update(format=art["format"], precision=art["precision"],
+                   mode=art.get("quantization", {}).get("mode", ""),
+                   scales=art.get("quantization", {}).get("activation_scales", "").split(" ")[0])
+        if art["path"] != "eager":
+            row["bytes"] = art["bytes"]
+            row["bytes_vs_fp32"] = art["bytes"] / fp32_bytes[art["format"]] if art["format"] in fp32_bytes else None
+            checks = next(iter(art.get("parity", {}).values()), {}).get("checks", [])
+            vs_fp32 = next((c for c in checks if c.get("reference") == "fp32 eager"), None)
+            if vs_fp32 and "perplexity" in vs_fp32:
+                row.update(perplexity=vs_fp32["perplexity"], fp32_perplexity=vs_fp32["reference_perplexity"],
+                           top1_vs_fp32=vs_fp32["top1_agreement"])
+        rows.append(row)
+        log(f"  {row['artifact']:<34} {row['latency_ms']:8.2f} ms")
+    eager = rows[0]["latency_ms"]
+    for row in rows:
+        row["speedup_vs_eager"] = eager / row["latency_ms"]
+    return {"target": host_target(), "threads": threads, "seq_len": seq_len, "repeats": repeats,
+            "model": {k: manifest["model"][k] for k in ("arch", "d_model", "vocab_size", "H_cycles", "L_cycles")},
+            "rows": rows}
+
+
+def render_decode_table(result: dict) -> str:
+    d = result["decode"]
+    lines = [f"Generation with a KV cache, batch 1, {d['prompt_len']}-token prompt then {d['new_tokens']} greedy tokens, "
+             f"{result['threads']} thread(s), {result['target']}; median of {result['repeats']}.", "",
+             "| model | program | bytes | load s | time to first token ms | prefill tok/s | decode tok/s | "
+             "decode vs eager fp32 | decode vs unshared baseline | peak RSS MB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d["rows"]:
+        b = f"{r['bytes']:,}" if r.get("bytes") else "–"
+        vb = f"{r['decode_vs_baseline']:.2f}x" if "decode_vs_baseline" in r else "–"
+        lines.append(f"| {r['model']} | {r['artifact']} | {b} | {r['load_s']:.2f} | {r['ttft_ms']:.1f} | "
+                     f"{r['prefill_tokens_per_s']:.0f} | {r['decode_tokens_per_s']:.0f} | {r['decode_vs_eager_fp32']:.2f}x | "
+                     f"{vb} | {r['peak_rss_mb']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_table(result: dict) -> str:
+    lines = [f"Full-sequence forward, batch 1, {result['seq_len']} tokens, {result['threads']} thread(s), "
+             f"{result['target']}; median of {result['repeats']}.", "",
+             "| artifact | mode | act. scales | bytes | vs fp32 bytes | latency ms | tokens/s | vs eager | load s | "
+             "peak RSS MB | ppl (fp32) | top-1 vs fp32 |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        b = f"{r['bytes']:,}" if "bytes" in r else "–"
+        ratio = f"{r['bytes_vs_fp32']:.2f}" if r.get("bytes_vs_fp32") else "–"
+        ppl = f"{r['perplexity']:.3f} ({r['fp32_perplexity']:.3f})" if "perplexity" in r else "–"
+        top1 = f"{r['top1_vs_fp32']:.4f}" if "top1_vs_fp32" in r else "–"
+        lines.append(f"| {r['artifact']} | {r['mode'] or r['precision']} | {r['scales'] or '–'} | {b} | {ratio} | "
+                     f"{r['latency_ms']:.2f} | {r['tokens_per_s']:.0f} | {r['speedup_vs_eager']:.2f}x | "
+                     f"{r['load_s']:.2f} | {r['peak_rss_mb']:.0f} | {ppl} | {top1} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hrm_edge.bench", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", type=Path, help="export folder (holds manifest.json)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads for every runtime (default 1)")
+    p.add_argument("--seq-len", type=int, help="tokens per forward (default min(128, max_seq_len))")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs per artifact after one warm-up (default 10)")
+    p.add_argument("--prompt-len", type=int, help="decode benchmark prompt tokens (default min(128, context/2))")
+    p.add_argument("--new-tokens", type=int, help="decode benchmark new tokens (default min(128, context - prompt))")
+    p.add_argument("--no-baseline", action="store_true", help="skip the unshared equal-compute baseline")
+    p.add_argument("--json", type=Path, help="where to write the JSON results (default DIR/bench.json)")
+    p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one artifact in this process
+    p.add_argument("--one-decode", help=argparse.SUPPRESS)  # internal: one KV-cache program
+    a = p.parse_args(argv)
+    if a.threads < 1 or a.repeats < 1:
+        raise UserError("--threads and --repeats must be >= 1")
+    if a.one:
+        print(json.dumps(measure_one(a.dir, a.one, a.threads, a.seq_len, a.repeats)))
+        return 0
+    if a.one_decode:
+        print(json.dumps(measure_decode_one(a.dir, a.one_decode, a.threads, a.prompt_len, a.new_tokens, a.repeats)))
+        return 0
+    manifest = read_manifest(a.dir)
+    context = manifest["model"]["max_seq_len"]
+    prompt_len = a.prompt_len or min(128, context // 2)
+    new_tokens = a.new_tokens or min(128, context - prompt_len)
+    if prompt_len < 1 or new_tokens < 1 or prompt_len + new_tokens > context:
+        raise UserError(f"--prompt-len + --new-tokens must fit the context of {context} tokens")
+    result = run_bench(a.dir, a.threads, a.seq_len, a.repeats)
+    print("decode benchmark:")
+    result["decode"] = run_decode_bench(a.dir, a.threads, prompt_len, new_tokens, max(1, a.repeats // 3),
+                                        baseline=not a.no_baseline)
+    table = render_table(result) + "\n" + render_decode_table(result)
+    print(table)
+    path = a.json or a.dir / "bench.json"
+    atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+    atomic_write_text(path.with_suffix(".md"), table)
+    print(f"wrote {path} and {path.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

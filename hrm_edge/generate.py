@@ -1,0 +1,200 @@
+"""Prefill + decode with a KV cache, in each runtime, and sampling. numpy in, numpy out.
+
+A Decoder has prefill(tokens [S]) -> logits [S, V] and decode(token) -> logits [V]; reset() starts a
+new sequence. Only the eager decoder imports torch at construction; the ONNX decoder needs numpy and
+onnxruntime alone (so a device can run it), the .pte decoder executorch (whose pybindings need torch).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+
+class Decoder:
+    """prefill(tokens [S]) -> logits [S, V]; decode(token) -> logits [V]. Subclasses implement _run."""
+
+    pos = 0  # position of the next token
+
+    def _run(self, tokens: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def prefill(self, tokens: np.ndarray) -> np.ndarray:
+        return self._run(tokens)
+
+    def decode(self, token: int) -> np.ndarray:
+        return self._run(np.array([token]))[0]
+
+
+class OnnxDecoder(Decoder):
+    """The *.kv.onnx graph: (tokens, input_pos, k_cache, v_cache) -> (logits, k_cache, v_cache)."""
+
+    def __init__(self, path: Path, threads: int = 0):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if threads:
+            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        shape = next(i.shape for i in self.session.get_inputs() if i.name == "k_cache")  # [T, B, H, L, hd]
+        self.cache_shape = (shape[0], 1, shape[2], shape[3], shape[4])
+        self.max_seq_len = shape[3]
+        self.reset()
+
+    def reset(self):
+        self.k = np.zeros(self.cache_shape, np.float32)
+        self.v = np.zeros(self.cache_shape, np.float32)
+        self.pos = 0
+
+    def _run(self, tokens: np.ndarray) -> np.ndarray:
+        logits, self.k, self.v = self.session.run(None, {
+            "tokens": np.ascontiguousarray(tokens[None, :], dtype=np.int64),
+            "input_pos": np.array([self.pos], dtype=np.int64), "k_cache": self.k, "v_cache": self.v})
+        self.pos += len(tokens)
+        return logits[0]
+
+
+class PteDecoder(Decoder):
+    """The *.kv.pte program (ExecuTorch LLM-runner contract): caches live in the program's buffers."""
+
+    def __init__(self, path: Path, threads: int = 0):
+        import torch
+        import executorch.kernels.quantized  # noqa: F401  quantized_decomposed kernels for int8 programs
+        from executorch.runtime import Runtime
+
+        if threads:
+            from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+            _unsafe_reset_threadpool(threads)
+        self.torch = torch
+        program = Runtime.get().load_program(str(path))
+        self.method = program.load_method("forward")
+        self.max_seq_len = int(program.load_method("get_max_seq_len").execute([])[0])
+        self.pos = 0
+
+    def reset(self):
+        # Stale cache rows are harmless: a new sequence overwrites positions in order, and the attention
+        # mask hides every key beyond the current position.
+        self.pos = 0
+
+    def _run(self, tokens: np.ndarray) -> np.ndarray:
+        t = self.torch
+        # contiguous inputs: non-contiguous ones gave silently wrong outputs in ExecuTorch 1.4 (#18562)
+        out = self.method.execute([t.from_numpy(np.ascontiguousarray(tokens[None, :], dtype=np.int64)).contiguous(),
+                                   t.tensor([self.pos], dtype=t.int64)])[0]
+        self.pos += len(tokens)
+        return out.numpy()[0]
+
+
+class EagerDecoder(Decoder):
+    """The eager PyTorch model with its in-place KV cache (hrm_edge.model.DecodeForm)."""
+
+    def __init__(self, model, threads: int = 0):
+        import torch
+
+        from hrm_edge.model import DecodeForm
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.torch = torch
+        self.form = DecodeForm(model.eval())
+        self.max_seq_len = model.cfg.max_seq_len
+        self.pos = 0
+
+    def reset(self):
+        self.form.cache.reset()
+        self.pos = 0
+
+    def _run(self, tokens: np.ndarray) -> np.ndarray:
+        t = self.torch
+        with t.no_grad():
+            out = self.form(t.from_numpy(np.asarray(tokens, dtype=np.int64)[None, :]), t.tensor([self.pos]))
+        self.pos += len(tokens)
+        return out.numpy()[0]
+
+
+def decode_logits(decoder, tokens: np.ndarray, prefill_len: int) -> np.ndarray:
+    """tokens [N, S]: prefill the first prefill_len tokens, then decode the rest one at a time;
+    returns the logits of every position [N, S, V] (to compare with the full-sequence logits)."""
+    out = []
+    for row in tokens:
+        decoder.reset()
+        logits = [decoder.prefill(row[:prefill_len])]
+        logits += [decoder.decode(int(tok))[None, :] for tok in row[prefill_len:]]
+        out.append(np.concatenate(logits, axis=0))
+    return np.stack(out)
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int = 0
+
+
+def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
+    if s.temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / s.temperature
+    if s.top_k and s.top_k < len(z):
+        kth = np.partition(z, -s.top_k)[-s.top_k]
+        z = np.where(z < kth, -np.inf, z)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if s.top_p < 1.0:
+        order = np.argsort(-p)
+        keep = np.cumsum(p[order]) - p[order] < s.top_p  # the smallest set whose mass reaches top_p
+        mask = np.zeros_like(p, dtype=bool)
+        mask[order[keep]] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return int(rng.choice(len(p), p=p))
+
+
+@dataclass
+class Generation:
+    tokens: list = field(default_factory=list)  # the new tokens
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    prompt_len: int = 0
+    stopped_at_eos: bool = False
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_len / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # the first new token comes from the prefill logits; each later one costs one decode step
+        steps = max(len(self.tokens) - 1, 0)
+        return steps / self.decode_s if self.decode_s else 0.0
+
+
+def generate(decoder, prompt: list[int], max_new_tokens: int, sampling: Sampling = Sampling(),
+             eos_id: int | None = None, on_token: Callable[[int], None] | None = None) -> Generation:
+    """Prefill the prompt, then sample up to max_new_tokens (stopping at EOS or the context length)."""
+    rng = np.random.default_rng(sampling.seed)
+    g = Generation(prompt_len=len(prompt))
+    decoder.reset()
+    t = time.perf_counter()
+    logits = decoder.prefill(np.asarray(prompt, dtype=np.int64))[-1]
+    g.prefill_s = time.perf_counter() - t
+    t = time.perf_counter()
+    budget = min(max_new_tokens, decoder.max_seq_len - len(prompt))
+    for i in range(budget):
+        token = sample(logits, sampling, rng)
+        g.tokens.append(token)
+        if on_token:
+            on_token(token)
+        if eos_id is not None and token == eos_id:
+            g.stopped_at_eos = True
+            break
+        if i + 1 < budget:
+            logits = decoder.decode(token)
+    g.decode_s = time.perf_counter() - t
+    return g

@@ -1,0 +1,189 @@
+"""int8 quantization plans and the eager int8 references that parity checks the int8 artifacts against.
+
+Static int8 (the ONNX Loop artifact):
+  - weights of the shared block's linears: int8, symmetric, one scale per output channel;
+  - their inputs: uint8, asymmetric, one scale and zero point per tensor, either per iteration step
+    ([T] vectors indexed by the loop counter inside the Loop body) or one shared across all steps;
+  - the tied embedding table: int8 with one scale per row (= per output channel of the head), stored
+    once and read by both the embedding gather and the head (weight-only: the head's input stays fp32);
+  - the gates (a few percent of the weights) and attention's activation x activation products stay fp32.
+
+The eager reference applies exactly these roundings to the eager model (fake quantization with the
+same scales), so "artifact vs its int8 reference" measures the runtime and "artifact vs fp32 eager"
+measures what quantization costs.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hrm_edge.calibrate import BLOCK_LINEARS
+
+UINT8_MAX = 255
+INT8_MAX = 127
+
+
+def activation_qparams(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 asymmetric (scale, zero point) covering [lo, hi] and 0 (so that 0 is exact)."""
+    lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
+    hi = np.maximum(np.asarray(hi, dtype=np.float64), 0.0)
+    scale = np.maximum((hi - lo) / UINT8_MAX, 1e-8).astype(np.float32)
+    zero_point = np.clip(np.round(-lo / scale), 0, UINT8_MAX).astype(np.uint8)
+    return scale, zero_point
+
+
+def weight_qparams(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """w [N, K] -> (int8 [N, K], scale [N]): symmetric, one scale per output channel (row)."""
+    amax = np.abs(w).max(axis=1)
+    scale = np.maximum(amax / INT8_MAX, 1e-12).astype(np.float32)
+    q = np.clip(np.round(w / scale[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
+    return q, scale
+
+
+@dataclass
+class StaticInt8Plan:
+    per_step: bool
+    act_scale: dict  # linear name -> float32 [T]
+    act_zero_point: dict  # linear name -> uint8 [T]
+    weight_q: dict  # linear name -> int8 [N, K]
+    weight_scale: dict  # linear name -> float32 [N]
+    embed_q: np.ndarray  # int8 [V, D]
+    embed_scale: np.ndarray  # float32 [V]
+
+
+def static_plan(model, ranges: dict, per_step: bool) -> StaticInt8Plan:
+    T = model.cfg.n_steps
+    act_scale, act_zp, wq, ws = {}, {}, {}, {}
+    for name in BLOCK_LINEARS:
+        lo, hi = np.array(ranges["linears"][name]["min"]), np.array(ranges["linears"][name]["max"])
+        if not per_step:  # one range over every step
+            lo, hi = np.full(T, lo.min()), np.full(T, hi.max())
+        act_scale[name], act_zp[name] = activation_qparams(lo, hi)
+        wq[name], ws[name] = weight_qparams(model.block.get_submodule(name).weight.detach().numpy())
+    eq, es = weight_qparams(model.embed.weight.detach().numpy())
+    return StaticInt8Plan(per_step, act_scale, act_zp, wq, ws, eq, es)
+
+
+def fake_quant_activation(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
+    # what QuantizeLinear then DequantizeLinear compute: round half to even, saturate to uint8
+    q = torch.clamp(torch.round(x / scale) + zero_point, 0, UINT8_MAX)
+    return (q - zero_point) * scale
+
+
+def static_int8_reference(model, plan: StaticInt8Plan):
+    """A copy of `model` computing what the static int8 artifact computes (Python-loop form)."""
+    ref = copy.deepcopy(model).eval()
+    T = ref.cfg.n_steps
+    with torch.no_grad():
+        for name in BLOCK_LINEARS:
+            lin = ref.block.get_submodule(name)
+            lin.weight.copy_(torch.from_numpy(plan.weight_q[name].astype(np.float32) * plan.weight_scale[name][:, None]))
+        ref.embed.weight.copy_(torch.from_numpy(plan.embed_q.astype(np.float32) * plan.embed_scale[:, None]))
+    calls = {name: 0 for name in BLOCK_LINEARS}
+
+    def reset(module, args, kwargs):
+        for name in calls:
+            calls[name] = 0
+
+    def act_hook(name):
+        def hook(module, inputs):
+            t = calls[name] % T
+            calls[name] += 1
+            return (fake_quant_activation(inputs[0], float(plan.act_scale[name][t]), int(plan.act_zero_point[name][t])),)
+        return hook
+
+    ref.register_forward_pre_hook(reset, with_kwargs=True)
+    for name in BLOCK_LINEARS:
+        ref.block.get_submodule(name).register_forward_pre_hook(act_hook(name))
+    return ref
+
+
+class Int8TiedEmbedding(torch.nn.Module):
+    """The tied embedding table stored once as int8 with one scale per row.
+
+    The gather reads int8 rows and scales them; the head (HRMLM.readout: F.linear(x, embed.weight))
+    reads `weight`, the table dequantized at run time. In a .pte the int8 table is one constant used by
+    both, where a quantized head inside the XNNPACK delegate would carry a second copy of the table."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        q, s = weight_qparams(weight.detach().numpy())
+        self.register_buffer("weight_int8", torch.from_numpy(q))  # [V, D]
+        self.register_buffer("row_scale", torch.from_numpy(s))  # [V]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.weight_int8.to(torch.float32) * self.row_scale[:, None]  # [V, D]
+
+    def forward(self, tokens):
+        return self.weight_int8[tokens].to(torch.float32) * self.row_scale[tokens][..., None]  # [B, S, D]
+
+
+def dynamic_int8_model(model):
+    """A copy of `model` with int8 dynamic activations and int8 per-channel weights on every nn.Linear
+    (torchao Int8DynamicActivationIntxWeightConfig, which XNNPACK runs as int8 GEMMs) and the tied
+    embedding as Int8TiedEmbedding. It is both what the .pte is exported from and its eager reference
+    (torchao's eager kernels compute what XNNPACK's do, up to rounding)."""
+    from torchao.quantization import quantize_
+    from torchao.quantization.granularity import PerAxis
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+
+    q = copy.deepcopy(model).eval()
+    quantize_(q, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)))
+    q.embed = Int8TiedEmbedding(model.embed.weight)
+    return q
+
+
+def static_int8_pt2e_model(model, calib_windows: np.ndarray):
+    """PT2E static int8 for ExecuTorch: XNNPACKQuantizer (int8 symmetric per-channel weights, int8
+    per-tensor activations) on every nn.Linear of the unrolled graph, calibrated on the calibration set.
+
+    The graph is unrolled, so each step's linear is its own node with its own observer: the activation
+    scales are per iteration step by construction. The tied embedding is Int8TiedEmbedding (not a
+    PT2E-quantized head, which would fold a second int8 copy of the table). Returns the converted
+    module: the export source and the eager int8 reference at once."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
+                                                                        get_symmetric_quantization_config)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from hrm_edge.model import TracedForm
+
+    q = copy.deepcopy(model).eval()
+    q.embed = Int8TiedEmbedding(model.embed.weight)
+    example = torch.from_numpy(np.ascontiguousarray(calib_windows[:1, :16]))
+    seq = torch.export.Dim("seq", min=1, max=model.cfg.max_seq_len)
+    graph = torch.export.export(TracedForm(q, "loop"), (example,), dynamic_shapes=({1: seq},), strict=False).module()
+    quantizer = XNNPACKQuantizer().set_module_type(
+        torch.nn.Linear, get_symmetric_quantization_config(is_per_channel=True, is_dynamic=False))
+    graph = prepare_pt2e(graph, quantizer)
+    with torch.no_grad():
+        for window in calib_windows:  # batch 1, as the program runs
+            graph(torch.from_numpy(np.ascontiguousarray(window[None, :])))
+    return convert_pt2e(graph)
+
+
+def int8_weight_bytes(model, int8_names) -> int:
+    """Bytes of a model's weights once `int8_names` parameters are int8 with one fp32 scale per row."""
+    total = 0
+    for name, p in model.named_parameters():
+        if name in int8_names:
+            total += p.numel() + 4 * p.shape[0]
+        else:
+            total += 4 * p.numel()
+    return total
+
+
+def static_int8_names(model) -> set:
+    return {f"block.{n}.weight" for n in BLOCK_LINEARS} | {"embed.weight"}
+
+
+def pt2e_int8_names(model) -> set:
+    return dynamic_int8_names(model)
+
+
+def dynamic_int8_names(model) -> set:
+    names = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    return {f"{n}.weight" for n in names} | {"embed.weight"}

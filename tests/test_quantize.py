@@ -1,0 +1,85 @@
+import numpy as np
+import pytest
+import torch
+
+from hrm_edge.calibrate import BLOCK_LINEARS, activation_ranges, make_calibration_set
+from hrm_edge.config import DataConfig, ModelConfig
+from hrm_edge.errors import UserError
+from hrm_edge.model import HRMLM
+from hrm_edge.quantize import activation_qparams, fake_quant_activation, static_int8_reference, static_plan, weight_qparams
+from hrm_edge.tokenizer import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return train_tokenizer([(root / n).read_text() for n in ("textwrap.py", "string.py")], 300)
+
+
+def test_calibration_set_is_deterministic(tok, text_corpus):
+    cfg = DataConfig(corpus=str(text_corpus))
+    a, rec_a = make_calibration_set(tok, cfg, samples=6, seq_len=32, seed=7)
+    b, rec_b = make_calibration_set(tok, cfg, samples=6, seq_len=32, seed=7)
+    c, rec_c = make_calibration_set(tok, cfg, samples=6, seq_len=32, seed=8)
+    assert rec_a.tokens_sha256 == rec_b.tokens_sha256 and np.array_equal(a, b)
+    assert rec_a.tokens_sha256 != rec_c.tokens_sha256
+    assert a.shape == (6, 32) and rec_a.split == "calib" and rec_a.token_count == 192
+
+
+def test_calibration_never_uses_validation_text(tok, text_corpus):
+    from hrm_edge.data import encode_documents, load_corpus
+
+    cfg = DataConfig(corpus=str(text_corpus))
+    windows, _ = make_calibration_set(tok, cfg, samples=20, seq_len=16, seed=0)
+    calib_stream = encode_documents(tok, load_corpus(cfg).calib)
+    joined = calib_stream.tobytes()
+    for w in windows:
+        assert w.astype(np.int32).tobytes() in joined  # every window is a slice of the calibration split
+
+
+def test_empty_or_short_calibration_corpus_is_a_clear_error(tok, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "blank.txt").write_text("\n\n")
+    with pytest.raises(UserError, match="empty"):
+        make_calibration_set(tok, DataConfig(), 4, 32, 0, calib_corpus=str(empty))
+    short = tmp_path / "short.txt"
+    short.write_text("x = 1\n")
+    with pytest.raises(UserError, match="too short"):
+        make_calibration_set(tok, DataConfig(), 4, 32, 0, calib_corpus=str(short))
+
+
+def test_qparams_round_trip():
+    scale, zp = activation_qparams(np.array([-1.0, -0.5]), np.array([3.0, 0.5]))
+    assert scale.dtype == np.float32 and zp.dtype == np.uint8
+    x = torch.linspace(-1, 3, 1000)
+    err = (fake_quant_activation(x, float(scale[0]), int(zp[0])) - x).abs().max().item()
+    assert err <= scale[0] / 2 + 1e-6
+    assert fake_quant_activation(torch.zeros(1), float(scale[1]), int(zp[1])).item() == 0.0  # zero is exact
+    w = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    q, s = weight_qparams(w)
+    assert q.dtype == np.int8 and np.abs(q).max() == 127
+    assert np.abs(q * s[:, None] - w).max() <= s.max() / 2 + 1e-6
+
+
+def test_static_reference_per_step_scales_are_used():
+    """Per-step scales change the result only through the step they belong to."""
+    torch.manual_seed(0)
+    model = HRMLM(ModelConfig(vocab_size=97, d_model=32, n_heads=4, max_seq_len=32, H_cycles=2, L_cycles=1)).eval()
+    windows = np.random.default_rng(0).integers(0, 97, size=(4, 16))
+    ranges = activation_ranges(model, windows)
+    assert len(ranges["linears"]["attn.wq"]["max"]) == model.cfg.n_steps
+    tokens = torch.from_numpy(windows)
+    per_step, shared = static_plan(model, ranges, True), static_plan(model, ranges, False)
+    for name in BLOCK_LINEARS:  # shared: one value over all steps, covering every step's range
+        assert np.all(shared.act_scale[name] == shared.act_scale[name][0])
+        assert np.all(shared.act_scale[name] >= per_step.act_scale[name] - 1e-9)
+    with torch.no_grad():
+        fp32 = model(tokens)
+        a = static_int8_reference(model, per_step)(tokens)
+        b = static_int8_reference(model, shared)(tokens)
+    assert 0 < (a - fp32).abs().max() < 0.1 * fp32.abs().max()
+    assert not torch.equal(a, b)
