@@ -31,9 +31,17 @@ from hrm_edge.parity import host_target, read_manifest
 
 
 def _peak_rss_mb() -> float:
+    """This process's peak resident memory. VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over
+    from the parent across fork + exec, so every child would report at least the parent's size."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0  # kB
+    except OSError:
+        pass
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeats: int) -> dict:
@@ -55,7 +63,7 @@ def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeat
         def run():
             with torch.no_grad():
                 return model(x)
-    elif artifact.endswith(".onnx"):
+    elif artifact.endswith((".onnx", ".ort")):
         import onnxruntime as ort
 
         t0 = time.perf_counter()
@@ -98,12 +106,20 @@ def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: i
     """Runs inside the child process: prefill + greedy decode with one KV-cache program ("eager" = eager)."""
     from hrm_edge.generate import EagerDecoder, OnnxDecoder, PteDecoder, generate
 
+    # imports before the clock: load time is the artifact's, not the interpreter's
+    if artifact == "eager" or artifact.endswith(".pte"):
+        import torch  # noqa: F401
+    if artifact.endswith(".pte"):
+        import executorch.kernels.quantized  # noqa: F401
+        import executorch.runtime  # noqa: F401
+    else:
+        import onnxruntime  # noqa: F401
     t0 = time.perf_counter()
     if artifact == "eager":
         from hrm_edge.train import load_model
 
         decoder = EagerDecoder(load_model(out_dir), threads)
-    elif artifact.endswith(".onnx"):
+    elif artifact.endswith((".onnx", ".ort")):
         decoder = OnnxDecoder(out_dir / artifact, threads)
     else:
         decoder = PteDecoder(out_dir / artifact, threads)

@@ -101,6 +101,7 @@ class TrainConfig:
 
 @dataclass
 class QuantConfig:
+    int8_modes: str = "static,dynamic"  # what `python -m hrm_edge.export` builds unless --int8 says otherwise
     calib_samples: int = 32  # calibration windows (of the training seq_len) from the calibration split
     calib_seed: int = 1234
     # quality gate of every int8 artifact against fp32 eager, on the validation split

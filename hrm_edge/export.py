@@ -59,7 +59,14 @@ def _configs_for(checkpoint: Path, corpus: str | None):
 
 
 INT8_MODES = ("static", "dynamic", "pt2e")
-DEFAULT_INT8 = ("static", "dynamic")
+
+
+def parse_int8_modes(text: str) -> tuple[str, ...]:
+    modes = () if text.strip() == "none" else tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = sorted(set(modes) - set(INT8_MODES))
+    if bad:
+        raise UserError(f"int8 modes: unknown {', '.join(bad)}; choose from static, dynamic, pt2e, or none")
+    return modes
 GREEDY_NEW_TOKENS = 64  # decode parity: this many greedy tokens must match eager fp32 exactly
 
 
@@ -69,6 +76,21 @@ def _artifact(path: Path, fmt: str, precision: str, program: str, iteration: str
     if fmt == "pte":
         art["backend"] = "xnnpack"
     return art | extra
+
+
+def export_ort_artifacts(out: Path, artifacts: list, log) -> None:
+    """ONNX Runtime's mobile format: every ONNX artifact converted to .ort (checked by the gate like any
+    other), required_operators.config for a reduced build, and the mobile-usability verdict per graph."""
+    from hrm_edge.export_onnx import export_ort, mobile_usability
+
+    onnx_arts = [a for a in artifacts if a["format"] == "onnx"]
+    t = _stage(f"converting {len(onnx_arts)} ONNX graphs to ORT format", log)
+    written, _ = export_ort([out / a["path"] for a in onnx_arts], out)
+    for art, path in zip(onnx_arts, written):
+        art["mobile_usability"] = mobile_usability(out / art["path"])
+        ort_art = {k: v for k, v in art.items() if k != "mobile_usability"}
+        artifacts.append(ort_art | {"path": path.name, "format": "ort", "converted_from": art["path"]})
+    log(f"[export] wrote {len(written)} .ort files and required_operators.config in {time.perf_counter() - t:.0f} s")
 
 
 def export_fp32(out: Path, model, tok, formats, artifacts: list, prefill_len: int, log) -> None:
@@ -99,7 +121,7 @@ def export_fp32(out: Path, model, tok, formats, artifacts: list, prefill_len: in
 
 def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | None = None,
                corpus: str | None = None, steps: int | None = None, parity_samples: int = 8,
-               formats: tuple[str, ...] = ("onnx", "pte"), int8: tuple[str, ...] = DEFAULT_INT8,
+               formats: tuple[str, ...] = ("onnx", "pte"), int8: tuple[str, ...] | None = None,
                calib_samples: int | None = None, calib_corpus: str | None = None,
                progress: bool = True, log=print) -> bool:
     """The whole pipeline into `out`. Returns True when every artifact passed the parity gate."""
@@ -161,11 +183,15 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
     prefill_len = max(1, seq_len // 4)  # KV-cache programs: prefill this many tokens, decode the rest
     artifacts = []
     export_fp32(out, model, tok, formats, artifacts, prefill_len, log)
+    if int8 is None:  # the preset's (or the checkpoint's) choice
+        int8 = parse_int8_modes(quant_cfg.int8_modes)
     calibration = None
     if int8:
         calibration = _export_int8(out, model, tok, data_cfg, artifacts, int8_references, windows, seq_len,
                                    int8, calib_samples or quant_cfg.calib_samples, calib_corpus,
                                    quant_cfg.calib_seed, prefill_len, log)
+    if "onnx" in formats:
+        export_ort_artifacts(out, artifacts, log)
     greedy = None
     if any(a["program"] == "kv_cache" for a in artifacts):
         from hrm_edge.generate import EagerDecoder, generate
@@ -275,23 +301,22 @@ def _export_int8(out, model, tok, data_cfg, artifacts, references, windows, seq_
                           "activations": "int8 per tensor, calibrated (PT2E XNNPACKQuantizer)",
                           "weights": "int8 symmetric per output channel (every linear: block and gates)",
                           "embedding": embedding, "calibration_sha256": record.tokens_sha256}))
-    if "dynamic" in int8 and f"{cfg.arch}.fp32.pte" in names:
-        t = _stage("dynamic int8 ExecuTorch programs (torchao 8-bit activations x 8-bit weights, XNNPACK)", log)
+    if "dynamic" in int8 and f"{cfg.arch}.fp32.kv.pte" in names:
+        # The KV-cache program only: it is what decodes on a device, and each XNNPACK lowering of an
+        # int8 program costs minutes here.
+        t = _stage("dynamic int8 ExecuTorch KV-cache program (torchao 8-bit activations x 8-bit weights, XNNPACK)", log)
         qmodel = dynamic_int8_model(model)
         stem = f"{cfg.arch}.int8-dynamic"
-        extra = {"reference": f"{stem}.pte", "weight_bytes": int8_weight_bytes(model, dynamic_int8_names(model)),
+        extra = {"reference": f"{stem}.kv.pte", "weight_bytes": int8_weight_bytes(model, dynamic_int8_names(model)),
                  "quantization": {"mode": "dynamic", "activation_scales": "dynamic per token",
                                   "activations": "int8 dynamic asymmetric per token",
                                   "weights": "int8 symmetric per output channel (every linear: block and gates)",
                                   "embedding": embedding, "calibration_sha256": None}}
-        path = export_pte(qmodel, out / f"{stem}.pte", bos, eos)
-        artifacts.append(_artifact(path, "pte", "int8", "full_sequence", "unrolled", **extra))
-        if f"{cfg.arch}.fp32.kv.pte" in names:
-            path = export_pte_decode(qmodel, out / f"{stem}.kv.pte", bos, eos)
-            artifacts.append(_artifact(path, "pte", "int8", "kv_cache", "unrolled", **extra, **kv))
-        log(f"[export] wrote the dynamic int8 programs in {time.perf_counter() - t:.0f} s")
-        # batch 1 as the programs run; per-token dynamic scales: one reference for full sequence and decode
-        references[f"{stem}.pte"] = np.concatenate([eager_logits(qmodel, tokens[i : i + 1]) for i in range(len(tokens))])
+        path = export_pte_decode(qmodel, out / f"{stem}.kv.pte", bos, eos)
+        artifacts.append(_artifact(path, "pte", "int8", "kv_cache", "unrolled", **extra, **kv))
+        log(f"[export] wrote {path.name} in {time.perf_counter() - t:.0f} s")
+        # batch 1 as the program runs; per-token dynamic scales make prefill + decode equal the full sequence
+        references[path.name] = np.concatenate([eager_logits(qmodel, tokens[i : i + 1]) for i in range(len(tokens))])
     return calibration
 
 
@@ -308,10 +333,11 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, help="override the preset's training steps")
     p.add_argument("--parity-samples", type=int, default=8, help="validation windows for the parity gate (default 8)")
     p.add_argument("--formats", default="onnx,pte", help="comma-separated subset of onnx,pte (default: both)")
-    p.add_argument("--int8", default=",".join(DEFAULT_INT8),
-                   help="int8 artifacts to add: comma-separated subset of static,dynamic,pt2e, or none (default: "
-                        "static,dynamic). static: ONNX Loop graphs with calibrated activation scales, per iteration "
-                        "step and shared; dynamic: ExecuTorch programs with int8 dynamic activations (torchao); "
+    p.add_argument("--int8",
+                   help="int8 artifacts to add: comma-separated subset of static,dynamic,pt2e, or none (default: the "
+                        "preset's [quant] int8_modes; tiny: static,dynamic; default: dynamic). static: ONNX Loop graphs "
+                        "with calibrated activation scales, per iteration step and shared; dynamic: ExecuTorch KV-cache "
+                        "program with int8 dynamic activations (torchao); "
                         "pt2e: ExecuTorch program with static PT2E XNNPACKQuantizer int8 (per-step scales by "
                         "construction; its quality is below the gate on the tiny preset, see README)")
     p.add_argument("--calib-samples", type=int, help="calibration windows (default: the preset's, 32)")
@@ -322,10 +348,7 @@ def main(argv=None) -> int:
     bad = sorted(set(formats) - {"onnx", "pte"})
     if bad or not formats:
         raise UserError(f"--formats: unknown format(s) {', '.join(bad) or '(none given)'}; choose from onnx, pte")
-    int8 = () if a.int8.strip() == "none" else tuple(m.strip() for m in a.int8.split(",") if m.strip())
-    bad = sorted(set(int8) - set(INT8_MODES))
-    if bad:
-        raise UserError(f"--int8: unknown mode(s) {', '.join(bad)}; choose from static, dynamic, pt2e, none")
+    int8 = parse_int8_modes(a.int8) if a.int8 is not None else None
     if a.parity_samples < 1:
         raise UserError("--parity-samples must be >= 1")
     checkpoint = a.checkpoint

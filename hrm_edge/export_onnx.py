@@ -39,6 +39,47 @@ def main_graph_ops(model: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in model.graph.node]
 
 
+TIED_TABLE = "model.embed.weight"
+
+
+def head_as_gemm(graph: onnx.GraphProto) -> None:
+    """Rewrite the tied head MatMul(x, Transpose(table)) as Gemm(x [N, D], table, transB=1) between two
+    Reshapes. onnxruntime constant-folds Transpose(initializer) into a second, transposed copy of the
+    table when it saves an .ort file; Gemm reads the one table as it is."""
+    from onnx import helper
+
+    transposed = {n.output[0]: n for n in graph.node if n.op_type == "Transpose" and n.input[0] == TIED_TABLE}
+    table = next(i for i in graph.initializer if i.name == TIED_TABLE)
+    d_model = table.dims[1]
+    nodes = []
+    for node in graph.node:
+        if node.op_type == "Transpose" and node.output[0] in transposed:
+            continue
+        if node.op_type == "MatMul" and node.input[1] in transposed:
+            x, y = node.input[0], node.output[0]
+            shape_2d = f"{y}.shape_2d"
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array([-1, d_model], dtype=np.int64), shape_2d))
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), f"{y}.zero"))
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array([-1], dtype=np.int64), f"{y}.minus1"))
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array([2], dtype=np.int64), f"{y}.two"))
+            nodes += [
+                helper.make_node("Reshape", [x, shape_2d], [f"{y}.x2"], name=f"{y}.reshape_in"),
+                helper.make_node("Gemm", [f"{y}.x2", TIED_TABLE], [f"{y}.y2"], transB=1, name=f"{y}.gemm"),
+                helper.make_node("Shape", [x], [f"{y}.x_shape"], name=f"{y}.shape"),
+                helper.make_node("Slice", [f"{y}.x_shape", f"{y}.zero", f"{y}.minus1"], [f"{y}.lead"], name=f"{y}.lead"),
+                helper.make_node("Shape", [f"{y}.y2"], [f"{y}.y2_shape"], name=f"{y}.shape_out"),
+                helper.make_node("Slice", [f"{y}.y2_shape", f"{y}.minus1", f"{y}.two"], [f"{y}.vocab"], name=f"{y}.vocab"),
+                helper.make_node("Concat", [f"{y}.lead", f"{y}.vocab"], [f"{y}.out_shape"], axis=0, name=f"{y}.concat"),
+                helper.make_node("Reshape", [f"{y}.y2", f"{y}.out_shape"], [y], name=f"{y}.reshape_out"),
+            ]
+            continue
+        nodes.append(node)
+    if len(nodes) == len(graph.node):
+        raise RuntimeError("did not find the tied head (MatMul with the transposed embedding table)")
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def _export(module, example: tuple, dynamic: tuple, input_names, output_names, path: Path, needs_loop: bool) -> Path:
     """torch.onnx.export (dynamo) -> strip debug metadata -> check the Loop and the model -> atomic write."""
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" notices
@@ -48,6 +89,7 @@ def _export(module, example: tuple, dynamic: tuple, input_names, output_names, p
                                     input_names=input_names, output_names=output_names, verbose=False)
     proto = program.model_proto
     strip_debug_metadata(proto.graph)
+    head_as_gemm(proto.graph)
     if needs_loop and "Loop" not in main_graph_ops(proto):
         raise RuntimeError(f"ONNX export of {path.name} lost the iteration Loop (main graph has no Loop node)")
     onnx.checker.check_model(proto, full_check=True)
@@ -152,7 +194,8 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
     es = add_init("q8.embed.w_scale", plan.embed_scale)
     minus_one = add_init("q8.axes_last", np.array([-1], dtype=np.int64))
     nodes = []
-    transposed = {n.output[0] for n in main.node if n.op_type == "Transpose" and n.input[0] == emb}
+    nodes = []
+    head_found = False
     for node in main.node:
         if node.op_type == "Gather" and node.input[0] == emb:
             tokens, out = node.input[1], node.output[0]
@@ -163,16 +206,17 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
                 helper.make_node("Unsqueeze", ["q8.embed.row_scale", minus_one], ["q8.embed.row_scale_u"], name="q8.embed.unsq"),
                 helper.make_node("Mul", ["q8.embed.rows_f", "q8.embed.row_scale_u"], [out], name="q8.embed.dequantize"),
             ]
-        elif node.op_type == "Transpose" and node.input[0] == emb:
+        elif node.op_type == "Gemm" and node.input[1] == emb:
             # head: weight-only int8. The table is dequantized once per run (V x D multiplies) and the
-            # logits come from an fp32 MatMul: quantizing the head's input cost the most top-1 agreement.
+            # logits come from an fp32 Gemm: quantizing the head's input cost the most top-1 agreement.
+            head_found = True
             nodes += [
                 helper.make_node("DequantizeLinear", [eq, es], ["q8.head.w_f32"], axis=0, name="q8.head.dequantize_w"),
-                helper.make_node("Transpose", ["q8.head.w_f32"], [node.output[0]], perm=[1, 0], name="q8.head.transpose"),
+                helper.make_node("Gemm", [node.input[0], "q8.head.w_f32"], list(node.output), transB=1, name=node.name),
             ]
         else:
             nodes.append(node)
-    if not transposed:
+    if not head_found:
         raise RuntimeError("static int8: did not find the tied head")
     del main.node[:]
     main.node.extend(nodes)
@@ -200,3 +244,47 @@ def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
     keep = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep)
+
+
+# ---- ONNX Runtime mobile format ----
+def export_ort(onnx_paths: list[Path], out_dir: Path) -> tuple[list[Path], Path]:
+    """Convert ONNX files to ORT format (onnxruntime.tools.convert_onnx_models_to_ort) next to them, and
+    keep the tool's required_operators.config (the operator list for a reduced onnxruntime build)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".ort-build.") as tmp:
+        src, dst = Path(tmp) / "onnx", Path(tmp) / "ort"
+        src.mkdir()
+        for p in onnx_paths:
+            shutil.copyfile(p, src / p.name)
+        proc = subprocess.run([sys.executable, "-m", "onnxruntime.tools.convert_onnx_models_to_ort", str(src),
+                               "--output_dir", str(dst), "--optimization_style", "Fixed"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ORT conversion failed: {proc.stderr[-1500:]}")
+        written = []
+        for p in onnx_paths:
+            ort_file = dst / f"{p.stem}.ort"
+            if not ort_file.is_file():
+                raise RuntimeError(f"ORT conversion wrote no {ort_file.name}")
+            os.replace(ort_file, out_dir / ort_file.name)  # same file system: appears complete or not at all
+            written.append(out_dir / ort_file.name)
+        config = next(dst.glob("*.config"))
+        os.replace(config, out_dir / "required_operators.config")
+    return written, out_dir / "required_operators.config"
+
+
+def mobile_usability(onnx_path: Path) -> dict:
+    """onnxruntime.tools.check_onnx_model_mobile_usability's verdict, recorded in the manifest."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "onnxruntime.tools.check_onnx_model_mobile_usability", str(onnx_path)],
+                          capture_output=True, text=True)
+    text = (proc.stdout + proc.stderr).strip().splitlines()
+    keep = [l.split(" - ", 1)[-1].strip() for l in text if "INFO" in l or "WARNING" in l]
+    return {"exit_code": proc.returncode, "summary": keep[-12:]}

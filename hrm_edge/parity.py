@@ -147,7 +147,7 @@ def run_pte(path: Path, tokens: np.ndarray) -> np.ndarray:
 def kv_decoder(path: Path, fmt: str):
     from hrm_edge.generate import OnnxDecoder, PteDecoder
 
-    return OnnxDecoder(path) if fmt == "onnx" else PteDecoder(path)
+    return OnnxDecoder(path) if fmt in ("onnx", "ort") else PteDecoder(path)
 
 
 def run_artifact(path: Path, art: dict, tokens: np.ndarray) -> np.ndarray:
@@ -157,7 +157,7 @@ def run_artifact(path: Path, art: dict, tokens: np.ndarray) -> np.ndarray:
         from hrm_edge.generate import decode_logits
 
         return decode_logits(kv_decoder(path, art["format"]), tokens, art["prefill_len"])
-    if art["format"] == "onnx":
+    if art["format"] in ("onnx", "ort"):  # onnxruntime loads its .ort format like an .onnx file
         return run_onnx(path, tokens)
     if art["format"] == "pte":
         return run_pte(path, tokens)
@@ -379,13 +379,16 @@ def main(argv=None) -> int:
                    help="check the artifacts against the parity bundle's expected outputs only: no torch for ONNX "
                         "(numpy + onnxruntime suffice, as on a small device); .pte files are checked only where "
                         "executorch is installed, and named as skipped otherwise")
-    p.add_argument("--formats", default="onnx,pte", help="comma-separated formats to check (default onnx,pte)")
+    p.add_argument("--formats", default="onnx,pte", help="comma-separated formats to check (default onnx,pte; "
+                                                         "onnx includes the .ort files)")
     a = p.parse_args(argv)
     formats = {f.strip() for f in a.formats.split(",") if f.strip()}
     if not formats or formats - {"onnx", "pte"}:
         raise UserError("--formats takes a comma-separated subset of onnx,pte")
     manifest = read_manifest(a.dir)
-    skip = {f: f"not asked for (--formats {a.formats})" for f in {"onnx", "pte"} - formats}
+    if "onnx" in formats:
+        formats.add("ort")
+    skip = {f: f"not asked for (--formats {a.formats})" for f in {"onnx", "ort", "pte"} - formats}
     if a.bundle_only and "pte" in formats:
         import importlib.util
 

@@ -35,7 +35,7 @@ def test_tiny_export_passes(tiny_export):
             assert check["samples"] >= 4
         # one self-contained file within the size rule
         assert art["bytes"] == (tiny_export / art["path"]).stat().st_size
-        assert art["bytes"] <= 1.10 * art.get("weight_bytes", m["unique_weight_bytes"]) + 256 * 1024, art
+        assert art["bytes"] <= 1.10 * art.get("weight_bytes", m["unique_weight_bytes"]) + 256 * 1024, art["path"]
     assert not list(tiny_export.glob("*.data")), "no external data files"
     for name in ("tokenizer.json", "config.json", "model.safetensors", "parity_report.md"):
         assert (tiny_export / name).is_file()
@@ -134,9 +134,15 @@ def test_int8_artifacts_pass_and_are_recorded(tiny_export):
     m = load_manifest(tiny_export)
     fp32 = {a["format"]: a for a in m["artifacts"] if a["precision"] == "fp32"}
     int8 = [a for a in m["artifacts"] if a["precision"] == "int8"]
-    assert {a["format"] for a in int8} == {"onnx", "pte"}
+    assert {a["format"] for a in int8} == {"onnx", "ort", "pte"}
     assert {a["quantization"]["mode"] for a in int8 if a["format"] == "pte"} == {"dynamic"}
     assert {a["quantization"]["activation_scales"] for a in int8 if a["format"] == "onnx"} == {"per_step", "shared"}
+    for a in m["artifacts"]:
+        if a["format"] == "onnx":
+            assert a["mobile_usability"]["summary"], "check_onnx_model_mobile_usability's verdict is recorded"
+        if a["format"] == "ort":
+            assert (tiny_export / a["converted_from"]).is_file()
+    assert (tiny_export / "required_operators.config").read_text().strip()
     assert m["calibration"]["tokens_sha256"] and m["calibration"]["split"] == "calib"
     assert m["tolerances"]["int8_vs_fp32_eager"]["max_ppl_ratio"] <= 1.02
     for a in int8:
@@ -185,7 +191,7 @@ def test_calibration_ranges_are_saved_per_step(tiny_export):
 def test_kv_cache_programs_decode_like_the_full_model(tiny_export):
     m = load_manifest(tiny_export)
     kv = [a for a in m["artifacts"] if a["program"] == "kv_cache"]
-    assert {(a["format"], a["precision"]) for a in kv} == {("onnx", "fp32"), ("pte", "fp32"), ("onnx", "int8"), ("pte", "int8")}
+    assert {(a["format"], a["precision"]) for a in kv} == {(f, p) for f in ("onnx", "ort", "pte") for p in ("fp32", "int8")}
     for a in kv:
         r = next(iter(a["parity"].values()))
         assert r["passed"] is True and 0 < a["prefill_len"] < m["parity_bundle"]["seq_len"]
