@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import check_writable_dir, sha256_file
+from hrm_edge.io import atomic_path, check_writable_dir, sha256_file
 from hrm_edge.parity import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, run_gate, tolerances
 
 DEFAULT_OUT = Path("export/out")
@@ -166,7 +166,8 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
         raise UserError(f"checkpoint {checkpoint}: tokenizer has {tok.get_vocab_size()} tokens, model {cfg.vocab_size}")
     if checkpoint.resolve() != out.resolve():
         for name in (CONFIG, WEIGHTS, TOKENIZER):
-            shutil.copyfile(checkpoint / name, out / name)
+            with atomic_path(out / name) as tmp:
+                shutil.copyfile(checkpoint / name, tmp)
 
     # Parity inputs: held-out validation windows (never training or calibration text).
     t = _stage("building the parity set from the validation split", log)
