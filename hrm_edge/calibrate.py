@@ -11,7 +11,7 @@ for every block linear, the min and max of its input at each of the T applicatio
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +35,9 @@ class CalibrationRecord:
 
 
 def make_calibration_set(tok, data_cfg: DataConfig, samples: int, seq_len: int, seed: int,
-                         calib_corpus: str | None = None) -> tuple[np.ndarray, CalibrationRecord]:
-    """Windows [samples, seq_len] int64 drawn with `seed` from the calibration split (or all of calib_corpus)."""
+                         calib_corpus: str | None = None, corpus=None) -> tuple[np.ndarray, CalibrationRecord]:
+    """Windows [samples, seq_len] int64 drawn with `seed` from the calibration split (or all of calib_corpus).
+    corpus: the already loaded Corpus of data_cfg, if the caller has it (saves reading it again)."""
     from hrm_edge.data import encode_documents, load_corpus
 
     if samples < 1:
@@ -45,7 +46,7 @@ def make_calibration_set(tok, data_cfg: DataConfig, samples: int, seq_len: int, 
         corpus = load_corpus(DataConfig(corpus=calib_corpus, val_percent=0, calib_percent=100), required_splits=())
         texts, split, source = corpus.calib, "all", corpus.source
     else:
-        corpus = load_corpus(data_cfg)
+        corpus = corpus or load_corpus(data_cfg)
         texts, split, source = corpus.calib, "calib", corpus.source
     if not texts:
         raise UserError(f"calibration corpus {source} is empty (its {split} split has no text)")
@@ -99,10 +100,6 @@ def activation_ranges(model, windows: np.ndarray, batch_size: int = 8) -> dict:
         "steps": T,
         "linears": {name: {"min": mins[name].tolist(), "max": maxs[name].tolist()} for name in BLOCK_LINEARS},
     }
-
-
-def record_dict(record: CalibrationRecord) -> dict:
-    return asdict(record)
 
 
 def save_calibration_set(path: Path, windows: np.ndarray) -> None:

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import platform
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -190,7 +189,7 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
     if int8:
         calibration = _export_int8(out, model, tok, data_cfg, artifacts, int8_references, windows, seq_len,
                                    int8, calib_samples or quant_cfg.calib_samples, calib_corpus,
-                                   quant_cfg.calib_seed, prefill_len, log)
+                                   quant_cfg.calib_seed, prefill_len, log, corpus_obj)
     if "onnx" in formats:
         export_ort_artifacts(out, artifacts, log)
     greedy = None
@@ -232,23 +231,23 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
 
 
 def _export_int8(out, model, tok, data_cfg, artifacts, references, windows, seq_len, int8, calib_samples,
-                 calib_corpus, calib_seed, prefill_len, log) -> dict:
+                 calib_corpus, calib_seed, prefill_len, log, corpus=None) -> dict:
     """Calibrate, then write the int8 artifacts next to the fp32 ones; their eager int8 references go
     into `references` (for the parity bundle). Returns the manifest's calibration record."""
     import torch
 
-    from hrm_edge.calibrate import activation_ranges, make_calibration_set, record_dict, save_calibration_set
+    from hrm_edge.calibrate import activation_ranges, make_calibration_set, save_calibration_set
     from hrm_edge.io import atomic_write_text
     from hrm_edge.parity import eager_logits
-    from hrm_edge.quantize import (dynamic_int8_model, dynamic_int8_names, int8_weight_bytes, static_int8_names,
+    from hrm_edge.quantize import (dynamic_int8_model, all_linear_int8_names, int8_weight_bytes, static_int8_names,
                                    static_int8_reference, static_plan)
 
     cfg = model.cfg
     t = _stage(f"calibrating: {calib_samples} windows of {seq_len} tokens, ranges per iteration step", log)
-    calib_windows, record = make_calibration_set(tok, data_cfg, calib_samples, seq_len, calib_seed, calib_corpus)
+    calib_windows, record = make_calibration_set(tok, data_cfg, calib_samples, seq_len, calib_seed, calib_corpus, corpus)
     save_calibration_set(out / "calibration_set.npz", calib_windows)
     ranges = activation_ranges(model, calib_windows) if cfg.arch == "hrm" else None
-    calibration = record_dict(record) | {"set": "calibration_set.npz", "ranges": "calibration.json"}
+    calibration = dataclasses.asdict(record) | {"set": "calibration_set.npz", "ranges": "calibration.json"}
     atomic_write_text(out / "calibration.json", json.dumps(calibration | {"activation_ranges": ranges}, indent=2) + "\n")
     tokens = windows[:, :-1]
     names = {a["path"] for a in artifacts}
@@ -286,7 +285,7 @@ def _export_int8(out, model, tok, data_cfg, artifacts, references, windows, seq_
 
         bos, eos = bos_id(tok), eos_id(tok)
     if "pt2e" in int8 and f"{cfg.arch}.fp32.pte" in names:
-        from hrm_edge.quantize import pt2e_int8_names, static_int8_pt2e_model
+        from hrm_edge.quantize import static_int8_pt2e_model
 
         t = _stage("static int8 ExecuTorch program (PT2E XNNPACKQuantizer, calibrated, XNNPACK)", log)
         graph = static_int8_pt2e_model(model, calib_windows)
@@ -297,7 +296,7 @@ def _export_int8(out, model, tok, data_cfg, artifacts, references, windows, seq_
                                                     for i in range(len(tokens))])
         artifacts.append(_artifact(
             path, "pte", "int8", "full_sequence", "unrolled", reference=path.name,
-            weight_bytes=int8_weight_bytes(model, pt2e_int8_names(model)),
+            weight_bytes=int8_weight_bytes(model, all_linear_int8_names(model)),
             quantization={"mode": "static", "activation_scales": "per_step (one observer per unrolled node)",
                           "activations": "int8 per tensor, calibrated (PT2E XNNPACKQuantizer)",
                           "weights": "int8 symmetric per output channel (every linear: block and gates)",
@@ -308,7 +307,7 @@ def _export_int8(out, model, tok, data_cfg, artifacts, references, windows, seq_
         t = _stage("dynamic int8 ExecuTorch KV-cache program (torchao 8-bit activations x 8-bit weights, XNNPACK)", log)
         qmodel = dynamic_int8_model(model)
         stem = f"{cfg.arch}.int8-dynamic"
-        extra = {"reference": f"{stem}.kv.pte", "weight_bytes": int8_weight_bytes(model, dynamic_int8_names(model)),
+        extra = {"reference": f"{stem}.kv.pte", "weight_bytes": int8_weight_bytes(model, all_linear_int8_names(model)),
                  "quantization": {"mode": "dynamic", "activation_scales": "dynamic per token",
                                   "activations": "int8 dynamic asymmetric per token",
                                   "weights": "int8 symmetric per output channel (every linear: block and gates)",

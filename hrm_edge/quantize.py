@@ -180,10 +180,7 @@ def static_int8_names(model) -> set:
     return {f"block.{n}.weight" for n in BLOCK_LINEARS} | {"embed.weight"}
 
 
-def pt2e_int8_names(model) -> set:
-    return dynamic_int8_names(model)
-
-
-def dynamic_int8_names(model) -> set:
+def all_linear_int8_names(model) -> set:
+    """Every nn.Linear (block and gates) plus the tied table: what the ExecuTorch int8 programs quantize."""
     names = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     return {f"{n}.weight" for n in names} | {"embed.weight"}

@@ -91,14 +91,20 @@ def load_model(ckpt: Path) -> HRMLM:
     return model.eval()
 
 
+def make_optimizer(model: HRMLM, tc):
+    """AdamW; weight decay on matrices only (not norms, gate biases, init states)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
+                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                             lr=tc.lr, betas=(0.9, 0.95))
+
+
 def _load_optimizer(opt, path: Path) -> None:
-    flat = load_file(str(path))
+    """Inverse of save_checkpoint's flattening: "<param index>.<state key>" -> optimizer state."""
     sd = opt.state_dict()
-    for i in range(len(sd["param_groups"][0]["params"]) + sum(len(g["params"]) for g in sd["param_groups"][1:])):
-        keys = {k.split(".", 1)[1]: v for k, v in flat.items() if k.split(".", 1)[0] == str(i)}
-        if keys:
-            keys = {k: (v.reshape(()) if k == "step" else v) for k, v in keys.items()}
-            sd["state"][i] = keys
+    for key, value in load_file(str(path)).items():
+        index, name = key.split(".", 1)
+        sd["state"].setdefault(int(index), {})[name] = value.reshape(()) if name == "step" else value
     opt.load_state_dict(sd)
 
 
@@ -132,31 +138,24 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     val_windows = fixed_windows(val_stream, tc.eval_batches * tc.batch_size, tc.seq_len)
     val_bpt = bytes_per_token(corpus.val, len(val_stream))
 
-    mc = dataclasses.replace(mc, vocab_size=tok.get_vocab_size(), max_seq_len=max(mc.max_seq_len, tc.seq_len))
-    model = HRMLM(mc)
-    decay = [p for p in model.parameters() if p.dim() >= 2 and p.requires_grad]
-    no_decay = [p for p in model.parameters() if p.dim() < 2 and p.requires_grad]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
-    state = {"step": 0, "preset": preset.name, "train": dataclasses.asdict(tc), "data": dataclasses.asdict(preset.data),
-             "quant": dataclasses.asdict(preset.quant),
-             "corpus": corpus.source, "corpus_split_sha256": corpus.names_sha256,
-             "train_tokens": int(len(train_stream)), "val_tokens": int(len(val_stream)), "history": []}
     if resume:
-        model = load_model(out)
-        model.train()
-        opt = torch.optim.AdamW([{"params": [p for p in model.parameters() if p.dim() >= 2 and p.requires_grad],
-                                  "weight_decay": tc.weight_decay},
-                                 {"params": [p for p in model.parameters() if p.dim() < 2 and p.requires_grad],
-                                  "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
-        if (out / OPTIMIZER).is_file():
-            _load_optimizer(opt, out / OPTIMIZER)
+        model = load_model(out).train()
         state = json.loads((out / STATE).read_text())
         if state.get("corpus_split_sha256") != corpus.names_sha256:
             raise UserError(f"--resume: the corpus differs from the one {out} was trained on")
+    else:
+        mc = dataclasses.replace(mc, vocab_size=tok.get_vocab_size(), max_seq_len=max(mc.max_seq_len, tc.seq_len))
+        model = HRMLM(mc)
+        state = {"step": 0, "preset": preset.name, "train": dataclasses.asdict(tc), "data": dataclasses.asdict(preset.data),
+                 "quant": dataclasses.asdict(preset.quant),
+                 "corpus": corpus.source, "corpus_split_sha256": corpus.names_sha256,
+                 "train_tokens": int(len(train_stream)), "val_tokens": int(len(val_stream)), "history": []}
+    opt = make_optimizer(model, tc)
+    if resume and (out / OPTIMIZER).is_file():
+        _load_optimizer(opt, out / OPTIMIZER)
     total, unique = parameter_counts(model)
-    log(f"model: {mc.arch}, {unique:,} unique parameters ({total:,} counting each block application), "
-        f"T={mc.n_steps}; train {len(train_stream):,} tokens, val {len(val_stream):,} tokens")
+    log(f"model: {model.cfg.arch}, {unique:,} unique parameters ({total:,} counting each block application), "
+        f"T={model.cfg.n_steps}; train {len(train_stream):,} tokens, val {len(val_stream):,} tokens")
 
     model.train()
     start = state["step"]
