@@ -29,6 +29,10 @@ class ModelConfig:
     slow_gate_bias: float = -2.0  # sigmoid(-2) ~ 0.12: the slow level starts by updating conservatively
     fast_gate_bias: float = 0.0  # sigmoid(0) = 0.5
     use_step_embedding: bool = True
+    # ablations (study): hierarchy=False is a plain looped block (one state, every step a fast step, T = H*(L+1));
+    # gating=False replaces the gates by plain replacement (z <- block output)
+    hierarchy: bool = True
+    gating: bool = True
     aux_loss_weight: float = 0.0  # weight of the readouts after outer cycles 1..H-1 (depth dial)
     n_layers: int = 4  # only for arch == "transformer"
     rope_theta: float = 10000.0

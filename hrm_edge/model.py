@@ -8,6 +8,9 @@
         z_slow <- gate_slow(z_slow, block(z_slow + z_fast + step_emb[t]));          t += 1
     logits = head(norm(z_slow))             # head is tied to the embedding
 
+Ablations (ModelConfig): hierarchy=False makes every step a fast step and reads out z_fast (a plain looped
+block with input injection); gating=False replaces each gate by z <- block output.
+
 T = H * (L + 1) block applications share ONE block's parameters. Everything except causal attention is
 per position, so the memory never leaks later tokens into earlier positions.
 
@@ -168,10 +171,11 @@ class HRMLM(nn.Module):
             self.z_fast_init = nn.Parameter(torch.zeros(D))
             self.z_slow_init = nn.Parameter(torch.zeros(D))
             self.step_emb = nn.Parameter(torch.zeros(cfg.n_steps, D))  # [T, D]
-            self.gate_fast = Gate(cfg, cfg.fast_gate_bias)
-            self.gate_slow = Gate(cfg, cfg.slow_gate_bias)
+            if cfg.gating:
+                self.gate_fast = Gate(cfg, cfg.fast_gate_bias)
+                self.gate_slow = Gate(cfg, cfg.slow_gate_bias)
             # 1.0 where step t is a slow step (the last of each group of L + 1), [T]
-            is_slow = [float((t + 1) % (cfg.L_cycles + 1) == 0) for t in range(cfg.n_steps)]
+            is_slow = [float(self.is_slow_step(t)) for t in range(cfg.n_steps)]
             self.register_buffer("slow_step_mask", torch.tensor(is_slow), persistent=False)
         else:
             self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
@@ -194,6 +198,20 @@ class HRMLM(nn.Module):
                 self.step_emb.requires_grad_(False)
 
     # ---- pieces shared by every iteration form ----
+    def is_slow_step(self, t: int) -> bool:
+        # the last step of each outer cycle updates the slow level; without hierarchy every step is fast
+        return self.cfg.hierarchy and (t + 1) % (self.cfg.L_cycles + 1) == 0
+
+    def update_fast(self, z, update):
+        return self.gate_fast(z, update) if self.cfg.gating else update
+
+    def update_slow(self, z, update):
+        return self.gate_slow(z, update) if self.cfg.gating else update
+
+    def final_state(self, z_fast, z_slow):
+        # the slow level is the model's output; a plain looped block (no hierarchy) has only the fast one
+        return z_slow if self.cfg.hierarchy else z_fast
+
     def readout(self, z):
         # F.linear with the embedding (not z @ W.T): XNNPACK delegates linear, not a transposed matmul.
         return F.linear(self.norm(z), self.embed.weight)  # [B, S, V]
@@ -202,15 +220,15 @@ class HRMLM(nn.Module):
         """One block application. t: Python int (static fast/slow choice) or 0-d int64 tensor (blend)."""
         if isinstance(t, int):
             step = self.step_emb[t : t + 1]  # [1, D] (a slice, which XNNPACK takes; a select it does not)
-            if (t + 1) % (self.cfg.L_cycles + 1) == 0:  # slow step (a Python test: no graph guard)
-                return z_fast, self.gate_slow(z_slow, self.block(z_slow + z_fast + step, cos, sin, mask, kv))
-            return self.gate_fast(z_fast, self.block(z_fast + z_slow + x + step, cos, sin, mask, kv)), z_slow
+            if self.is_slow_step(t):  # a Python test: no graph guard
+                return z_fast, self.update_slow(z_slow, self.block(z_slow + z_fast + step, cos, sin, mask, kv))
+            return self.update_fast(z_fast, self.block(z_fast + z_slow + x + step, cos, sin, mask, kv)), z_slow
         t1 = t.reshape(1)
         step = self.step_emb.index_select(0, t1)  # [1, D]
         s = self.slow_step_mask.index_select(0, t1)  # [1]: 1.0 on slow steps
         out = self.block(z_fast + z_slow + (1.0 - s) * x + step, cos, sin, mask, kv)
-        z_fast_next = z_fast + (1.0 - s) * (self.gate_fast(z_fast, out) - z_fast)
-        z_slow_next = z_slow + s * (self.gate_slow(z_slow, out) - z_slow)
+        z_fast_next = z_fast + (1.0 - s) * (self.update_fast(z_fast, out) - z_fast)
+        z_slow_next = z_slow + s * (self.update_slow(z_slow, out) - z_slow)
         return z_fast_next, z_slow_next
 
     def forward(self, tokens, form: str = "loop", n_cycles: int | None = None, aux: bool = False,
@@ -276,10 +294,10 @@ class HRMLM(nn.Module):
             for t in range(H * per_cycle):
                 z_fast, z_slow = self.hrm_step(t, x, z_fast, z_slow, cos, sin, mask, kv_for(t))
                 if aux and (t + 1) % per_cycle == 0:
-                    readouts.append(self.readout(z_slow))
+                    readouts.append(self.readout(self.final_state(z_fast, z_slow)))
             if aux:
                 return readouts
-            logits = self.readout(z_slow)
+            logits = self.readout(self.final_state(z_fast, z_slow))
             return (logits, caches[0], caches[1]) if functional else logits
 
         if form == "while_loop":
@@ -297,7 +315,7 @@ class HRMLM(nn.Module):
                     return t + 1, z_fast, z_slow
 
                 _, z_fast, z_slow = while_loop(lambda t, *_: t < n_steps, body_fn, (t0, z_fast.clone(), z_slow.clone()))
-                return self.readout(z_slow)
+                return self.readout(self.final_state(z_fast, z_slow))
 
             def body_fn(t, z_fast, z_slow, k_stack, v_stack):
                 stacks = [k_stack, v_stack]  # local to the body: a while_loop body must not mutate outer state
@@ -306,7 +324,7 @@ class HRMLM(nn.Module):
 
             _, z_fast, z_slow, k_out, v_out = while_loop(
                 lambda t, *_: t < n_steps, body_fn, (t0, z_fast.clone(), z_slow.clone(), caches[0].clone(), caches[1].clone()))
-            return self.readout(z_slow), k_out, v_out
+            return self.readout(self.final_state(z_fast, z_slow)), k_out, v_out
 
         raise ValueError(f"unknown iteration form {form!r}")
 

@@ -32,9 +32,11 @@ def test_causal(arch):
             assert not torch.allclose(out[:, j], base[:, j]), "the perturbed position itself must change"
 
 
-def test_loop_forms_agree():
-    """python loop (eager), while_loop (the ONNX Loop form) and the unrolled torch.export graph."""
-    model = make(H_cycles=2, L_cycles=2)
+@pytest.mark.parametrize("ablation", [{}, {"hierarchy": False}, {"gating": False}, {"use_step_embedding": False}])
+def test_loop_forms_agree(ablation):
+    """python loop (eager), while_loop (the ONNX Loop form) and the unrolled torch.export graph, for the
+    full model and each ablation of the study."""
+    model = make(H_cycles=2, L_cycles=2, **ablation)
     tokens = torch.randint(0, 97, (3, 17))
     with torch.no_grad():
         loop = model(tokens, form="loop")
@@ -69,6 +71,17 @@ def test_parameters_are_one_block():
     assert cfg.n_steps == 8
     baseline = make("transformer", d_model=64, n_heads=4, n_layers=8)
     assert sum(p.numel() for p in baseline.parameters()) > 4 * unique
+
+
+def test_ablations_change_the_model():
+    tokens = torch.randint(0, 97, (1, 9))
+    with torch.no_grad():
+        base = make()(tokens)
+        plain = make(hierarchy=False)
+        assert not hasattr(make(gating=False), "gate_fast")
+        assert plain.slow_step_mask.sum().item() == 0  # every step is a fast step
+        for other in (plain(tokens), make(gating=False)(tokens)):
+            assert (other - base).abs().max().item() > 1e-3
 
 
 def test_gate_init():
