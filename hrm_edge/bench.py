@@ -11,6 +11,8 @@ KV-cache programs (and eager PyTorch with its KV cache): prefill tokens/s of a -
 first token, decode tokens/s over --new-tokens greedy tokens, load time, peak RSS, bytes. The baseline
 (unless --no-baseline) is an unshared Transformer with T independent blocks of the same width (equal
 compute per token, T times the block parameters), random weights, exported the same way into DIR/baseline/.
+The full-sequence table also has onnxruntime's own int8 route for a Loop graph, quantize_dynamic with
+EnableSubgraph, built into DIR/baseline/ and scored against the parity bundle (unless --no-baseline).
 """
 from __future__ import annotations
 
@@ -213,25 +215,66 @@ def run_decode_bench(out_dir: Path, threads: int, prompt_len: int, new_tokens: i
     return {"prompt_len": prompt_len, "new_tokens": new_tokens, "rows": rows}
 
 
-def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repeats: int = 10, log=print) -> dict:
+ORT_DYNAMIC_BASELINE = "baseline/hrm.int8-ortdynamic.onnx"
+
+
+def ort_dynamic_baseline(out_dir: Path, manifest: dict, log=print) -> dict | None:
+    """onnxruntime's own int8 path for a Loop graph, as the baseline our static int8 graphs are compared
+    with: quantize_dynamic(hrm.fp32.onnx, EnableSubgraph) (it quantizes every MatMul with a constant
+    weight, inside the Loop body too, as DynamicQuantizeLinear -> MatMulInteger; per-channel int8
+    weights). Not a shipped artifact (it has no eager int8 reference); scored against the parity
+    bundle's fp32 logits. Returns the quality record, or None without an fp32 ONNX graph."""
+    fp32 = next((a for a in manifest["artifacts"] if a["path"] == "hrm.fp32.onnx"), None)
+    if fp32 is None:
+        return None
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from hrm_edge.parity import load_bundle, perplexity, run_onnx
+
+    path = out_dir / ORT_DYNAMIC_BASELINE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log("  building onnxruntime quantize_dynamic(EnableSubgraph) baseline ...")
+    logging.getLogger().setLevel(logging.ERROR)  # its "please run pre-processing" advice on every call
+    quantize_dynamic(out_dir / fp32["path"], path, weight_type=QuantType.QInt8, per_channel=True,
+                     op_types_to_quantize=["MatMul"], extra_options={"EnableSubgraph": True})
+    bundle = load_bundle(out_dir / manifest["parity_bundle"]["path"])
+    windows, reference = bundle["windows"], bundle["fp32_logits"]
+    logits = np.concatenate([run_onnx(path, windows[i : i + 1, :-1]) for i in range(len(windows))])
+    targets = windows[:, 1:]
+    return {"bytes": path.stat().st_size, "bytes_vs_fp32": path.stat().st_size / fp32["bytes"],
+            "perplexity": perplexity(logits, targets), "fp32_perplexity": perplexity(reference, targets),
+            "top1_vs_fp32": float((logits.argmax(-1) == reference.argmax(-1)).mean())}
+
+
+def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repeats: int = 10, log=print,
+              ort_baseline: bool = True) -> dict:
     manifest = read_manifest(out_dir)
     seq_len = seq_len or min(128, manifest["model"]["max_seq_len"])
     if not 1 <= seq_len <= manifest["model"]["max_seq_len"]:
         raise UserError(f"--seq-len must be in 1..{manifest['model']['max_seq_len']}")
     fp32_bytes = {a["format"]: a["bytes"] for a in manifest["artifacts"] if a["precision"] == "fp32"}
     rows = []
-    for art in [{"path": "eager", "format": "eager", "precision": "fp32"}] + manifest["artifacts"]:
+    extra = []
+    baseline = ort_dynamic_baseline(out_dir, manifest, log) if ort_baseline else None
+    if baseline is not None:
+        extra.append({"path": ORT_DYNAMIC_BASELINE, "format": "onnx", "precision": "int8", "baseline": baseline,
+                      "quantization": {"mode": "ort quantize_dynamic", "activation_scales": "dynamic per tensor"}})
+    for art in [{"path": "eager", "format": "eager", "precision": "fp32"}] + manifest["artifacts"] + extra:
         if art.get("program") == "kv_cache":
             continue  # measured by the decode benchmark
         row = _child(out_dir, ["--one", art["path"], "--seq-len", str(seq_len), "--repeats", str(repeats)], threads)
         row.update(format=art["format"], precision=art["precision"],
                    mode=art.get("quantization", {}).get("mode", ""),
                    scales=art.get("quantization", {}).get("activation_scales", "").split(" ")[0])
-        if art["path"] != "eager":
+        if "baseline" in art:
+            row.update(art["baseline"])
+        elif art["path"] != "eager":
             row["bytes"] = art["bytes"]
             row["bytes_vs_fp32"] = art["bytes"] / fp32_bytes[art["format"]] if art["format"] in fp32_bytes else None
             checks = next(iter(art.get("parity", {}).values()), {}).get("checks", [])
-            vs_fp32 = next((c for c in checks if c.get("reference") == "fp32 eager"), None)
+            vs_fp32 = next((c for c in checks if c.get("reference", "").startswith("fp32 eager")), None)
             if vs_fp32 and "perplexity" in vs_fp32:
                 row.update(perplexity=vs_fp32["perplexity"], fp32_perplexity=vs_fp32["reference_perplexity"],
                            top1_vs_fp32=vs_fp32["top1_agreement"])
@@ -261,6 +304,31 @@ def render_decode_table(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def depth_dial_rows(manifest: dict, decode: dict) -> list[dict]:
+    """The depth dial (export --cycles): each depth's quality (manifest) beside the decode speed of its
+    KV-cache program (the int8 one where the export built it, else fp32)."""
+    H = manifest["model"]["H_cycles"]
+    speed = {r["artifact"]: r["decode_tokens_per_s"] for r in decode["rows"] if r["model"] != "baseline"}
+    rows = []
+    for d in manifest.get("depth_dial") or []:
+        depth = "" if d["cycles"] == H else f".c{d['cycles']}"
+        program = next((p for p in (f"hrm.int8-dynamic{depth}.kv.pte", f"hrm.fp32{depth}.kv.pte") if p in speed), None)
+        rows.append(d | {"program": program, "decode_tokens_per_s": speed.get(program)})
+    return rows
+
+
+def render_depth_table(rows: list[dict]) -> str:
+    lines = ["Depth dial: the same weights with fewer outer cycles (validation windows of the parity bundle).", "",
+             "| outer cycles | block applications | perplexity | vs full depth | top-1 vs full depth | program | decode tok/s |",
+             "|---:|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        tps = f"{r['decode_tokens_per_s']:.0f}" if r["decode_tokens_per_s"] else "–"
+        lines.append(f"| {r['cycles']} | {r['block_applications']} | {r['perplexity']:.3f} | "
+                     f"{r['perplexity'] / r['full_depth_perplexity']:.3f}x | {r['top1_vs_full_depth']:.4f} | "
+                     f"{r['program'] or '–'} | {tps} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_table(result: dict) -> str:
     lines = [f"Full-sequence forward, batch 1, {result['seq_len']} tokens, {result['threads']} thread(s), "
              f"{result['target']}; median of {result['repeats']}.", "",
@@ -287,7 +355,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=10, help="timed runs per artifact after one warm-up (default 10)")
     p.add_argument("--prompt-len", type=int, help="decode benchmark prompt tokens (default min(128, context/2))")
     p.add_argument("--new-tokens", type=int, help="decode benchmark new tokens (default min(128, context - prompt))")
-    p.add_argument("--no-baseline", action="store_true", help="skip the unshared equal-compute baseline")
+    p.add_argument("--no-baseline", action="store_true", help="skip the unshared equal-compute baseline and the "
+                   "onnxruntime quantize_dynamic baseline")
     p.add_argument("--json", type=Path, help="where to write the JSON results (default DIR/bench.json)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one artifact in this process
     p.add_argument("--one-decode", help=argparse.SUPPRESS)  # internal: one KV-cache program
@@ -306,11 +375,14 @@ def main(argv=None) -> int:
     new_tokens = a.new_tokens or min(128, context - prompt_len)
     if prompt_len < 1 or new_tokens < 1 or prompt_len + new_tokens > context:
         raise UserError(f"--prompt-len + --new-tokens must fit the context of {context} tokens")
-    result = run_bench(a.dir, a.threads, a.seq_len, a.repeats)
+    result = run_bench(a.dir, a.threads, a.seq_len, a.repeats, ort_baseline=not a.no_baseline)
     print("decode benchmark:")
     result["decode"] = run_decode_bench(a.dir, a.threads, prompt_len, new_tokens, max(1, a.repeats // 3),
                                         baseline=not a.no_baseline)
     table = render_table(result) + "\n" + render_decode_table(result)
+    result["depth_dial"] = depth_dial_rows(manifest, result["decode"])
+    if result["depth_dial"]:
+        table += "\n" + render_depth_table(result["depth_dial"])
     print(table)
     path = a.json or a.dir / "bench.json"
     atomic_write_text(path, json.dumps(result, indent=2) + "\n")

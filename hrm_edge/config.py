@@ -108,6 +108,7 @@ class QuantConfig:
     int8_modes: str = "static,dynamic"  # what `python -m hrm_edge.export` builds unless --int8 says otherwise
     calib_samples: int = 32  # calibration windows (of the training seq_len) from the calibration split
     calib_seed: int = 1234
+    static_fp32_linears: str = ""  # comma-separated block linears the static int8 ONNX leaves in fp32
     # quality gate of every int8 artifact against fp32 eager, on the validation split
     int8_min_top1: float = 0.97
     int8_max_ppl_ratio: float = 1.02

@@ -93,12 +93,12 @@ def export_pte(model: HRMLM, path: Path, bos_id: int, eos_id: int, n_cycles: int
     return _lower(traced, (example,), ({1: seq},), cfg, path, bos_id, eos_id, use_kv_cache=False)
 
 
-def export_pte_decode(model: HRMLM, path: Path, bos_id: int, eos_id: int) -> Path:
+def export_pte_decode(model: HRMLM, path: Path, bos_id: int, eos_id: int, n_cycles: int | None = None) -> Path:
     """Write the KV-cache program of ExecuTorch's text-LLM runner contract:
     forward(tokens [1, S] int64, input_pos [1] int64) -> logits [1, S, V], 1 <= S < max_seq_len, the T
     per-application K/V caches as mutable buffers updated in place, metadata as constant methods.
-    `model` may be an int8 model from hrm_edge.quantize."""
+    `model` may be an int8 model from hrm_edge.quantize. n_cycles: outer cycles (depth dial; None = all)."""
     cfg = model.cfg
     example = (torch.zeros(1, 4, dtype=torch.int64), torch.tensor([0], dtype=torch.int64))
     seq = torch.export.Dim("seq", min=1, max=cfg.max_seq_len - 1)
-    return _lower(DecodeForm(model.eval()), example, ({1: seq}, None), cfg, path, bos_id, eos_id, use_kv_cache=True)
+    return _lower(DecodeForm(model.eval(), n_cycles=n_cycles), example, ({1: seq}, None), cfg, path, bos_id, eos_id, use_kv_cache=True)

@@ -128,7 +128,7 @@ def export_onnx_decode(model: HRMLM, path: Path) -> Path:
 #   y_i = MatMulInteger(x_q, W_q, zp[t])          int8 weights, an outer-graph initializer stored once
 #   y   = DequantizeLinear(y_i, s[t] * w_scale, axis=-1)
 # which is what QDQ means, computed in int32 (measured 2.5-3x faster than fp32 in a Loop body).
-# The tied embedding table is one int8 initializer with per-row scales: the gather reads int8 rows, the
+# The tied embedding table is one int8 initializer with per-row and per-column scales: the gather reads int8 rows, the
 # head dequantizes the table (weight-only int8; its fp32 input keeps the argmax close to fp32's).
 
 def _initializers(graph: onnx.GraphProto) -> dict:
@@ -146,8 +146,6 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
     """Rewrite the fp32 Loop graph at `fp32_path` into a static int8 graph at `path` (see comment above)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from hrm_edge.calibrate import BLOCK_LINEARS
-
     proto = onnx.load(str(fp32_path))
     main = proto.graph
     arrays = _initializers(main)
@@ -162,7 +160,7 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
 
     # which body MatMul reads which block weight: the exporter stores W^T under a generated name
     weight_of = {_find_initializer(arrays, model.block.get_submodule(n).weight.detach().numpy().T): n
-                 for n in BLOCK_LINEARS}
+                 for n in plan.int8_linears}
     nodes = []
     for node in body.node:
         name = weight_of.get(node.input[1]) if node.op_type == "MatMul" else None
@@ -183,15 +181,16 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
             helper.make_node("Mul", [f"{p}.s_t", ws], [f"{p}.y_scale"], name=f"{p}.scale"),
             helper.make_node("DequantizeLinear", [f"{p}.y_i32", f"{p}.y_scale"], [y], name=f"{p}.dequantize", axis=-1),
         ]
-    if len(nodes) != len(body.node) + 5 * len(BLOCK_LINEARS):
+    if len(nodes) != len(body.node) + 5 * len(plan.int8_linears):
         raise RuntimeError("static int8: did not find every block linear in the Loop body")
     del body.node[:]
     body.node.extend(nodes)
 
-    # embedding gather and tied head read one int8 table with per-row scales
+    # embedding gather and tied head read one int8 table with per-row and per-column scales
     emb = "model.embed.weight"
     eq = add_init("q8.embed.w_int8", plan.embed_q)
     es = add_init("q8.embed.w_scale", plan.embed_scale)
+    ec = add_init("q8.embed.col_scale", plan.embed_col_scale)  # [D]: table = int8 x row scale x column scale
     minus_one = add_init("q8.axes_last", np.array([-1], dtype=np.int64))
     nodes = []
     nodes = []
@@ -204,14 +203,16 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
                 helper.make_node("Cast", ["q8.embed.rows_i8"], ["q8.embed.rows_f"], to=TensorProto.FLOAT, name="q8.embed.cast"),
                 helper.make_node("Gather", [es, tokens], ["q8.embed.row_scale"], name="q8.embed.gather_scale"),
                 helper.make_node("Unsqueeze", ["q8.embed.row_scale", minus_one], ["q8.embed.row_scale_u"], name="q8.embed.unsq"),
-                helper.make_node("Mul", ["q8.embed.rows_f", "q8.embed.row_scale_u"], [out], name="q8.embed.dequantize"),
+                helper.make_node("Mul", ["q8.embed.rows_f", "q8.embed.row_scale_u"], ["q8.embed.rows_r"], name="q8.embed.dequantize"),
+                helper.make_node("Mul", ["q8.embed.rows_r", ec], [out], name="q8.embed.col_scale"),
             ]
         elif node.op_type == "Gemm" and node.input[1] == emb:
             # head: weight-only int8. The table is dequantized once per run (V x D multiplies) and the
             # logits come from an fp32 Gemm: quantizing the head's input cost the most top-1 agreement.
             head_found = True
             nodes += [
-                helper.make_node("DequantizeLinear", [eq, es], ["q8.head.w_f32"], axis=0, name="q8.head.dequantize_w"),
+                helper.make_node("DequantizeLinear", [eq, es], ["q8.head.w_rows"], axis=0, name="q8.head.dequantize_w"),
+                helper.make_node("Mul", ["q8.head.w_rows", ec], ["q8.head.w_f32"], name="q8.head.col_scale"),
                 helper.make_node("Gemm", [node.input[0], "q8.head.w_f32"], list(node.output), transB=1, name=node.name),
             ]
         else:

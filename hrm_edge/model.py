@@ -358,10 +358,10 @@ class KVCache(nn.Module):
     """Static K/V caches as buffers, one pair per block application, updated in place (ExecuTorch's
     LLM-runner contract: the caches are mutable buffers of the program, not inputs)."""
 
-    def __init__(self, cfg: ModelConfig, batch_size: int = 1):
+    def __init__(self, cfg: ModelConfig, batch_size: int = 1, n_steps: int | None = None):
         super().__init__()
         shape = (batch_size, cfg.n_heads, cfg.max_seq_len, cfg.head_dim)  # [B, H, L, hd]
-        for t in range(cfg.n_steps):
+        for t in range(n_steps or cfg.n_steps):  # fewer outer cycles (depth dial) need fewer caches
             self.register_buffer(f"k_{t}", torch.zeros(shape), persistent=False)
             self.register_buffer(f"v_{t}", torch.zeros(shape), persistent=False)
 
@@ -385,14 +385,17 @@ def empty_cache(cfg: ModelConfig, batch_size: int = 1):
 
 class DecodeForm(nn.Module):
     """(tokens [1, S], input_pos [1]) -> logits [1, S, V] with the KV cache as in-place buffers: the
-    ExecuTorch program of the LLM runner, and the eager KV-cache model (prefill S > 1, decode S = 1)."""
+    ExecuTorch program of the LLM runner, and the eager KV-cache model (prefill S > 1, decode S = 1).
+    n_cycles: outer cycles to run (depth dial; None = all)."""
 
-    def __init__(self, model: HRMLM, batch_size: int = 1):
+    def __init__(self, model: HRMLM, batch_size: int = 1, n_cycles: int | None = None):
         super().__init__()
-        self.model, self.cache = model, KVCache(model.cfg, batch_size)
+        cfg = model.cfg
+        n_steps = None if n_cycles is None or cfg.arch != "hrm" else n_cycles * (cfg.L_cycles + 1)
+        self.model, self.n_cycles, self.cache = model, n_cycles, KVCache(cfg, batch_size, n_steps)
 
     def forward(self, tokens, input_pos):
-        return self.model(tokens, form="loop", input_pos=input_pos, cache=self.cache)
+        return self.model(tokens, form="loop", n_cycles=self.n_cycles, input_pos=input_pos, cache=self.cache)
 
 
 class FunctionalDecodeForm(nn.Module):

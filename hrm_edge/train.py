@@ -2,10 +2,17 @@
 
     python -m hrm_edge.train --preset tiny --out runs/tiny
     python -m hrm_edge.train --preset tiny --out runs/tiny --resume      # continue from its checkpoint
+    torchrun --nproc_per_node=2 -m hrm_edge.train --preset tiny --out runs/tiny   # data parallel
 
 A checkpoint folder holds config.json (ModelConfig), model.safetensors, tokenizer.json, optimizer.safetensors
 and train_state.json (step, preset, metrics). Batches are a pure function of (seed, step), so a resumed
 run sees the same data as an uninterrupted one.
+
+Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK in the environment) each process joins a process group (NCCL
+on GPUs, one GPU per process; gloo on CPU) and takes its contiguous slice of the same global batch a
+single process would draw for that step; gradients are averaged over the processes before clipping, so
+N processes train the model one process would, up to floating-point summation order. Rank 0 alone trains
+the tokenizer, writes checkpoints and logs; --resume loads rank 0's files on every rank.
 """
 from __future__ import annotations
 
@@ -13,12 +20,14 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -48,16 +57,25 @@ def lr_at(step: int, tc) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: HRMLM, windows: np.ndarray, bytes_per_tok: float, batch_size: int) -> EvalResult:
-    """Mean next-token loss over fixed windows [N, S + 1]; bits per byte via the split's bytes/token."""
+def evaluate(model: HRMLM, windows: np.ndarray, bytes_per_tok: float, batch_size: int,
+             rank: int = 0, world: int = 1) -> EvalResult:
+    """Mean next-token loss over fixed windows [N, S + 1]; bits per byte via the split's bytes/token.
+
+    With world > 1 (a collective: every rank calls it) rank r takes batches r, r + world, ... of the same
+    batches one process would run, and the sums are all-reduced: every rank gets the single-process result."""
     model.eval()
+    device = next(model.parameters()).device
     total, count = 0.0, 0
-    for i in range(0, len(windows), batch_size):
-        w = torch.from_numpy(windows[i : i + batch_size])
+    for i in range(rank * batch_size, len(windows), world * batch_size):
+        w = torch.from_numpy(windows[i : i + batch_size]).to(device)
         logits = model(w[:, :-1])
         total += torch.nn.functional.cross_entropy(
             logits.flatten(0, 1), w[:, 1:].flatten(), reduction="sum").item()
         count += w[:, 1:].numel()
+    if world > 1:
+        sums = torch.tensor([total, count], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        total, count = sums[0].item(), int(sums[1].item())
     model.train()
     loss = total / count
     return EvalResult(loss, math.exp(loss), loss / math.log(2) / bytes_per_tok)
@@ -108,12 +126,42 @@ def _load_optimizer(opt, path: Path) -> None:
     opt.load_state_dict(sd)
 
 
+def _average_gradients(model: HRMLM, loss: torch.Tensor, world: int) -> torch.Tensor:
+    """Replace every gradient by its mean over the ranks; returns the mean loss (for logging).
+
+    Each rank's loss is the mean over an equal share of the global batch, so the mean of the ranks'
+    gradients is the gradient of the global-batch mean, what one process computes. Done by hand rather
+    than with DistributedDataParallel because training calls model.loss, not forward (DDP's hooks are
+    armed by forward), and one flat all-reduce per step (loss riding along) is cheap at these model sizes."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads] + [loss.detach().float().reshape(1)])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return flat[-1]
+
+
 def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True, log=print,
           stop_at: int | None = None) -> dict:
     """Train preset into `out` (a checkpoint folder). Returns the final train state.
 
-    stop_at: checkpoint and stop after this step, as an interrupted run would (resume continues it)."""
+    stop_at: checkpoint and stop after this step, as an interrupted run would (resume continues it).
+    If a torch.distributed process group is initialized (see main), every rank must call this; each
+    returns the same state."""
     tc, mc = preset.train, preset.model
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    if tc.batch_size % world:
+        raise UserError(f"batch_size {tc.batch_size} is not divisible by the number of processes ({world}); "
+                        f"the global batch is split evenly across them")
+    # NCCL only moves CUDA tensors: a GPU per process (main set it); otherwise everything stays on the CPU
+    device = torch.device("cuda", torch.cuda.current_device()) if distributed and dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    if rank != 0:  # one process speaks for the group
+        log, progress = (lambda *_: None), False
     out = check_writable_dir(out)
     if tc.threads:
         torch.set_num_threads(tc.threads)
@@ -124,6 +172,9 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
         if not (out / STATE).is_file():
             raise UserError(f"--resume: no checkpoint in {out} (missing {STATE})")
         tok = load_tokenizer(out / TOKENIZER)
+    elif rank != 0:
+        dist.barrier()  # rank 0 trains and saves the tokenizer (below); the others load its file
+        tok = load_tokenizer(out / TOKENIZER)
     else:
         sample, n = [], 0
         for text in corpus.train:  # the tokenizer sees training text only
@@ -133,6 +184,8 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
             n += len(text)
         tok = train_tokenizer(sample, mc.vocab_size)
         save_tokenizer(tok, out / TOKENIZER)
+        if distributed:
+            dist.barrier()
     train_stream = encode_documents(tok, corpus.train)
     val_stream = encode_documents(tok, corpus.val)
     val_windows = fixed_windows(val_stream, tc.eval_batches * tc.batch_size, tc.seq_len)
@@ -150,6 +203,10 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
                  "quant": dataclasses.asdict(preset.quant),
                  "corpus": corpus.source, "corpus_split_sha256": corpus.names_sha256,
                  "train_tokens": int(len(train_stream)), "val_tokens": int(len(val_stream)), "history": []}
+    model.to(device)
+    if distributed:  # every rank built the same init from the same seed (or loaded the same file); make sure
+        for t in model.state_dict().values():
+            dist.broadcast(t, 0)
     opt = make_optimizer(model, tc)
     if resume and (out / OPTIMIZER).is_file():
         _load_optimizer(opt, out / OPTIMIZER)
@@ -160,7 +217,7 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     model.train()
     start = state["step"]
     if start == 0:  # the untrained baseline, so the history shows what training bought
-        ev = evaluate(model, val_windows, val_bpt, tc.batch_size)
+        ev = evaluate(model, val_windows, val_bpt, tc.batch_size, rank, world)
         state["history"].append({"step": 0, "val_loss": ev.loss, "val_perplexity": ev.perplexity,
                                  "val_bits_per_byte": ev.bits_per_byte})
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not progress, desc="train", unit="step", mininterval=2.0)
@@ -170,46 +227,71 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tc)
-        x, y = random_batch(train_stream, tc.batch_size, tc.seq_len, tc.seed, step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=tc.bf16_autocast):
-            loss, _ = model.loss(torch.from_numpy(x), torch.from_numpy(y))
+        x, y = random_batch(train_stream, tc.batch_size, tc.seq_len, tc.seed, step)  # the global batch
+        if world > 1:  # this rank's contiguous share of it
+            share = tc.batch_size // world
+            x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.bf16_autocast):
+            loss, _ = model.loss(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if world > 1:
+            loss = _average_gradients(model, loss, world)  # before clipping: the norm is the global batch's
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         opt.step()
-        tokens_since += x.size
+        tokens_since += x.size * world
         now = time.perf_counter()
         bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_since / max(now - t_last, 1e-9):.0f}")
         done = step + 1
         if done % tc.eval_every == 0 or done == tc.steps:
-            ev = evaluate(model, val_windows, val_bpt, tc.batch_size)
+            ev = evaluate(model, val_windows, val_bpt, tc.batch_size, rank, world)
             state["history"].append({"step": done, "train_loss": loss.item(), "val_loss": ev.loss,
                                      "val_perplexity": ev.perplexity, "val_bits_per_byte": ev.bits_per_byte,
                                      "tokens_per_s": tokens_since / max(now - t_last, 1e-9)})
             t_last, tokens_since = time.perf_counter(), 0
-            bar.write(f"step {done}: val loss {ev.loss:.4f}  ppl {ev.perplexity:.2f}  bpb {ev.bits_per_byte:.4f}")
+            if rank == 0:  # tqdm.write prints even when the bar is disabled
+                bar.write(f"step {done}: val loss {ev.loss:.4f}  ppl {ev.perplexity:.2f}  bpb {ev.bits_per_byte:.4f}")
         if done % tc.checkpoint_every == 0 or done == tc.steps or done == stop_at:
             state["step"] = done
             state["wall_time_s"] = wall_before + time.perf_counter() - t_run
-            save_checkpoint(out, model, opt, state)
+            if rank == 0:
+                save_checkpoint(out, model, opt, state)
         if done == stop_at:
             break
     bar.close()
+    if distributed:
+        dist.barrier()  # rank 0's checkpoint is on disk before any rank returns (and, say, resumes from it)
     if start >= tc.steps:
         log(f"{out} is already trained to step {start}")
     return state
 
 
+def _init_distributed() -> None:
+    """Under torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): join the process group."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))  # one GPU per process
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hrm_edge.train", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hrm_edge.train", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="data parallel on N processes (same global batch, split across them; NCCL on GPUs, gloo on CPU):\n"
+               "  torchrun --nproc_per_node=N -m hrm_edge.train --preset tiny --out runs/tiny [--resume]\n"
+               "the preset's batch_size must be divisible by N; rank 0 writes the checkpoint and the logs")
     p.add_argument("--preset", default="default", help="preset name in export/presets/ or a .toml path (default: default)")
     p.add_argument("--out", required=True, type=Path, help="checkpoint folder to write (created if missing)")
     p.add_argument("--corpus", help="text file or folder of UTF-8 text files (default: the Python stdlib source)")
     p.add_argument("--steps", type=int, help="override the preset's number of optimizer steps")
     p.add_argument("--seed", type=int, help="override the preset's seed")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: the preset's, else all cores)")
+    p.add_argument("--threads", type=int,
+                   help="torch CPU threads per process (default: the preset's, else all cores; under torchrun, "
+                        "the cores divided by the processes per machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     a = p.parse_args(argv)
     preset = load_preset(a.preset)
@@ -223,8 +305,23 @@ def main(argv=None) -> int:
         preset.train.seed = a.seed
     if a.threads is not None:
         preset.train.threads = a.threads
-    state = train(preset, a.out, resume=a.resume, progress=not a.no_progress)
-    if state["history"]:
+    distributed, rank = "RANK" in os.environ, int(os.environ.get("RANK", 0))  # RANK: launched by torchrun
+    if distributed:
+        if a.threads is None:  # processes on one machine share its cores: torch's default (all, each) oversubscribes
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            share = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+            preset.train.threads = min(preset.train.threads or share, share)
+        _init_distributed()
+    try:
+        state = train(preset, a.out, resume=a.resume, progress=not a.no_progress)
+    except UserError:
+        if rank != 0:
+            return 2  # every rank meets the same input error: rank 0 reports it, once
+        raise
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+    if state["history"] and rank == 0:
         last = state["history"][-1]
         print(f"done: step {state['step']}, val loss {last['val_loss']:.4f}, bpb {last['val_bits_per_byte']:.4f} -> {a.out}")
     return 0

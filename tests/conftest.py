@@ -17,9 +17,10 @@ def run_module(module: str, *args, timeout=900, cwd=None):
 
 @pytest.fixture(scope="session")
 def tiny_export(tmp_path_factory):
-    """One end-to-end tiny export shared by the slow tests (trains ~30 s, exports ~1.5 min)."""
+    """One end-to-end tiny export shared by the slow tests (trains ~30 s, exports ~2 min), with the depth
+    dial's 1-cycle artifacts."""
     out = tmp_path_factory.mktemp("tiny_export")
-    proc = run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--no-progress")
+    proc = run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--cycles", "1", "--no-progress")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 

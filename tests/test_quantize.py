@@ -83,3 +83,34 @@ def test_static_reference_per_step_scales_are_used():
         b = static_int8_reference(model, shared)(tokens)
     assert 0 < (a - fp32).abs().max() < 0.1 * fp32.abs().max()
     assert not torch.equal(a, b)
+
+
+def test_table_qparams_column_equalization():
+    """The tied table's int8 form (per-row x per-column scales) reconstructs a table with a few large
+    columns better than per-row scales alone, and stays int8 with |q| <= 127."""
+    from hrm_edge.quantize import table_qparams
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((64, 16)) * np.where(np.arange(16) < 2, 8.0, 1.0)).astype(np.float32)
+    q, row, col = table_qparams(w)
+    assert q.dtype == np.int8 and np.abs(q).max() <= 127 and row.shape == (64,) and col.shape == (16,)
+    err_eq = np.square(q * row[:, None] * col[None, :] - w).sum()
+    q0, s0 = weight_qparams(w)
+    err_rows = np.square(q0 * s0[:, None] - w).sum()
+    assert err_eq < 0.5 * err_rows
+
+
+def test_static_plan_keeps_named_linears_fp32():
+    from hrm_edge.quantize import parse_linear_names, static_int8_names
+
+    torch.manual_seed(0)
+    model = HRMLM(ModelConfig(vocab_size=97, d_model=32, n_heads=4, max_seq_len=32, H_cycles=1, L_cycles=1)).eval()
+    windows = np.random.default_rng(0).integers(0, 97, size=(2, 16))
+    plan = static_plan(model, activation_ranges(model, windows), True, parse_linear_names("ffn.w_down"))
+    assert "ffn.w_down" not in plan.weight_q and "ffn.w_down" not in plan.int8_linears
+    assert "block.ffn.w_down.weight" not in static_int8_names(plan)
+    ref = static_int8_reference(model, plan)
+    assert torch.equal(ref.block.ffn.w_down.weight, model.block.ffn.w_down.weight)  # fp32, untouched
+    assert not torch.equal(ref.block.ffn.w_up.weight, model.block.ffn.w_up.weight)  # int8-rounded
+    with pytest.raises(UserError, match="unknown block linear"):
+        parse_linear_names("ffn.w_dwn")
