@@ -151,6 +151,9 @@ def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefil
     from hrm_edge.tokenizer import bos_id, eos_id, load_tokenizer
     from hrm_edge.train import TOKENIZER, load_model
 
+    import torch
+
+    torch.set_num_threads(1)  # lowering is single-threaded Python; idle OpenMP threads would spin on a shared core
     model = load_model(out).eval()
     tok = load_tokenizer(out / TOKENIZER)
     bos, eos = bos_id(tok), eos_id(tok)
@@ -201,6 +204,8 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
                calib_samples: int | None = None, calib_corpus: str | None = None,
                cycles: tuple[int, ...] = (), progress: bool = True, log=print) -> bool:
     """The whole pipeline into `out`. Returns True when every artifact passed the parity gate."""
+    import torch
+
     from hrm_edge.config import load_preset
     from hrm_edge.data import encode_documents, fixed_windows, load_corpus
     from hrm_edge.model import parameter_counts, unique_weight_bytes
@@ -266,8 +271,10 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
     if int8 is None:  # the preset's (or the checkpoint's) choice
         int8 = parse_int8_modes(quant_cfg.int8_modes)
     pool = None
+    threads = torch.get_num_threads()
     if "pte" in formats:
         pool, programs = start_pte_workers(out, pte_jobs(cfg, int8, cycles), windows[:, :-1], prefill_len, log)
+        torch.set_num_threads(1)  # the workers have the cores; more threads here would only spin against them
     try:
         if "onnx" in formats:
             export_fp32_onnx(out, model, artifacts, prefill_len, log)
@@ -284,6 +291,7 @@ def export_all(out: Path, preset_name: str | None = None, checkpoint: Path | Non
     finally:
         if pool is not None:  # idle once every result is in; after an error, stops programs nobody will list
             pool.terminate()
+        torch.set_num_threads(threads)
     greedy = None
     greedy = None
     if any(a["program"] == "kv_cache" for a in artifacts):

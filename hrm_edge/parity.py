@@ -1,6 +1,7 @@
 """Parity gate: run every artifact in its real runtime and compare with the eager model's logits.
 
     python -m hrm_edge.parity DIR          # re-verify sha256 and parity of an export folder
+    python -m hrm_edge.parity DIR --target aarch64   # the same on emulated ARM64 CPUs (hrm_edge.arm64)
 
 The runtime side (load an artifact, run it, compare with expected arrays) imports numpy and the runtime
 only: onnxruntime for .onnx, executorch for .pte (whose pybindings import torch themselves). Computing the
@@ -18,6 +19,7 @@ import json
 import math
 import platform
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -203,8 +205,10 @@ def load_bundle(path: Path) -> dict[str, np.ndarray]:
 
 
 # ---- the gate over an export folder ----
-def check_artifact(out_dir: Path, art: dict, bundle: dict, unique_weight_bytes: int, tol: dict) -> dict:
-    """Verify one manifest entry: file present, sha256, size rule, numerical parity. Returns parity dict."""
+def check_artifact(out_dir: Path, art: dict, bundle: dict, unique_weight_bytes: int, tol: dict,
+                   logits_out: dict | None = None) -> dict:
+    """Verify one manifest entry: file present, sha256, size rule, numerical parity. Returns parity dict.
+    logits_out: if given, receives the artifact's logits as logits_out["logits"] (to compare two machines)."""
     path = out_dir / art["path"]
     if not path.is_file():
         return {"passed": False, "reason": f"{art['path']} is missing"}
@@ -219,19 +223,26 @@ def check_artifact(out_dir: Path, art: dict, bundle: dict, unique_weight_bytes: 
         logits = run_artifact(path, art, windows[:, :-1])
     except Exception as e:  # a runtime that cannot load or run the artifact fails it; it is not a crash
         return {"passed": False, "reason": f"{art['format']} runtime error: {type(e).__name__}: {str(e)[:300]}"}
+    if logits_out is not None:
+        logits_out["logits"] = logits
     targets = windows[:, 1:]
+    # a depth-dial artifact (fewer outer cycles) is compared with the eager fp32 model at its own depth
+    fp32_key = art.get("fp32_reference", "fp32_logits")
+    if fp32_key not in bundle:
+        return {"passed": False, "reason": f"the parity bundle has no fp32 reference {fp32_key!r}"}
+    fp32_name = "fp32 eager" if fp32_key == "fp32_logits" else f"fp32 eager, {art['cycles']} outer cycle(s)"
     if art["precision"] == "fp32":
-        checks = [compare(logits, bundle["fp32_logits"], targets, Tolerance(**tol["fp32_vs_fp32_eager"]), "fp32 eager")]
+        checks = [compare(logits, bundle[fp32_key], targets, Tolerance(**tol["fp32_vs_fp32_eager"]), fp32_name)]
     else:
         key = f"reference/{art['reference']}"
         if key not in bundle:
             return {"passed": False, "reason": f"the parity bundle has no int8 reference {art['reference']!r}"}
         checks = [compare(logits, bundle[key], targets, Tolerance(**tol["int8_vs_int8_reference"]),
                           f"int8 eager reference ({art['reference']})"),
-                  compare(logits, bundle["fp32_logits"], targets, Tolerance(**tol["int8_vs_fp32_eager"]), "fp32 eager")]
+                  compare(logits, bundle[fp32_key], targets, Tolerance(**tol["int8_vs_fp32_eager"]), fp32_name)]
     reasons = [f"vs {c['reference']}: {c['reason']}" for c in checks if not c["passed"]]
     greedy = None
-    if art["program"] == "kv_cache" and "greedy/eager_tokens" in bundle:
+    if art["program"] == "kv_cache" and "greedy/eager_tokens" in bundle and fp32_key == "fp32_logits":
         # a greedy continuation from the eager fp32 model, replayed by the artifact's own decode loop
         expected = bundle["greedy/eager_tokens"]
         got = greedy_tokens(path, art["format"], bundle["greedy/prompt"], len(expected))
@@ -307,6 +318,93 @@ def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, lo
     return not failures
 
 
+# ---- the same gate on another CPU architecture, under emulation (hrm_edge.arm64) ----
+def run_target_gate(out_dir: Path, manifest: dict, target: str, cpu_models: list[str], skip: dict | None = None,
+                    recompute_reference: bool = True, log=print) -> bool:
+    """Run every artifact of `manifest` on `target` once per CPU model (one emulated process each) and compare it
+    with the parity bundle exactly as check_artifact does here, with the manifest's tolerances; also record how
+    far the target's logits are from this host's logits of the same artifact (x86_vs_arm64_*). Writes
+    art["targets"][target][cpu_model] and manifest["targets"][target] (verdict, failures, versions, CPU
+    features); the host's verdict (manifest["passed"]) is left as it is. skip: {format: reason}."""
+    from hrm_edge import arm64
+
+    if target != arm64.TARGET:
+        raise UserError(f"unknown target {target!r} (known: host, {arm64.TARGET})")
+    skip = skip or {}
+    failures, skipped, arts = [], [], []
+    bundle_path = out_dir / manifest["parity_bundle"]["path"]
+    bundle = None
+    if not bundle_path.is_file() or sha256_file(bundle_path) != manifest["parity_bundle"]["sha256"]:
+        failures.append(f"parity bundle {bundle_path.name} is missing or modified (sha256)")
+    else:
+        bundle = load_bundle(bundle_path)
+        if recompute_reference:
+            reason = verify_reference(out_dir, bundle)
+            if reason:
+                failures.append(reason)
+    for art in manifest["artifacts"]:
+        art.setdefault("targets", {})[target] = {}  # this run's CPU models replace any earlier entries
+        if art["format"] in skip:
+            skipped.append({"path": art["path"], "reason": skip[art["format"]]})
+            log(f"  SKIP {art['path']:<34} {skip[art['format']]}")
+        else:
+            arts.append(art)
+    summary = {"host": host_target(), "cpu_models": {}, "checked_unix": int(time.time())}
+    if bundle is None:
+        for art in arts:
+            for cpu in cpu_models:
+                art["targets"][target][cpu] = {"passed": False, "reason": "no valid parity bundle"}
+    elif arts:
+        tc = arm64.ensure_toolchain(need_pte=any(a["format"] == "pte" for a in arts), log=log)
+        known = arm64.cpu_models(tc)
+        if set(cpu_models) - set(known):
+            raise UserError(f"qemu-aarch64 {tc.versions['qemu']} has no CPU model {', '.join(sorted(set(cpu_models) - set(known)))}; "
+                            f"it has: {', '.join(known)}")
+        summary |= {"emulator": f"QEMU user mode, qemu-aarch64 {tc.versions['qemu']}", "versions": tc.versions}
+        host_logits = {}  # this host's logits of each artifact, computed once for all CPU models
+        for cpu in cpu_models:
+            log(f"[{target} {cpu}] {len(arts)} artifact(s) in one emulated Python (qemu-aarch64 -cpu {cpu})")
+            run = arm64.run_on_target(out_dir, manifest, arts, cpu, tc, log)
+            summary["cpu_models"][cpu] = {"cpu_features": run.info.get("cpu_features", ""), "seconds": run.seconds,
+                                          "runtime": run.info}
+            for art in arts:
+                result = run.results[art["path"]]
+                if art["path"] in run.logits:
+                    got = run.logits[art["path"]]
+                    if art["path"] not in host_logits:
+                        try:
+                            host_logits[art["path"]] = run_artifact(out_dir / art["path"], art, bundle["windows"][:, :-1])
+                        except Exception as e:  # recorded, not fatal: the target check itself is against the bundle
+                            host_logits[art["path"]] = f"{type(e).__name__}: {str(e)[:200]}"
+                    mine = host_logits[art["path"]]
+                    if isinstance(mine, np.ndarray) and mine.shape == got.shape:
+                        result["x86_vs_arm64_max_abs"] = float(np.abs(got - mine).max())
+                        result["x86_vs_arm64_top1_agreement"] = float((got.argmax(-1) == mine.argmax(-1)).mean())
+                    else:
+                        result["x86_vs_arm64_max_abs"] = None
+                        result["x86_error"] = mine if isinstance(mine, str) else f"shape {list(mine.shape)} != {list(got.shape)}"
+                art["targets"][target][cpu] = result
+    for art in arts:
+        for cpu, result in art["targets"][target].items():
+            if not result["passed"]:
+                failures.append(f"{art['path']} on {target} {cpu}: {result['reason']}")
+    summary |= {"passed": not failures, "failures": failures, "skipped": skipped}
+    manifest.setdefault("targets", {})[target] = summary
+    write_manifest(out_dir, manifest)
+    return not failures
+
+
+def target_rows(manifest: dict, target: str) -> list[dict]:
+    """One row per artifact, CPU model and comparison of a target check (for the console and the report)."""
+    rows = []
+    for art in manifest["artifacts"]:
+        for cpu, r in art.get("targets", {}).get(target, {}).items():
+            checks = [c for c in r.get("checks", []) if "top1_agreement" in c] or [None]
+            for i, c in enumerate(checks):
+                rows.append({"artifact": art["path"], "cpu": cpu, "check": c, "first": i == 0, "result": r})
+    return rows
+
+
 def write_manifest(out_dir: Path, manifest: dict) -> None:
     """The manifest and its readable twin are written together, the report first (the manifest is the contract)."""
     atomic_write_text(out_dir / REPORT, render_report(manifest))
@@ -369,6 +467,30 @@ def render_report(manifest: dict) -> str:
             lines.append(f"\nNot checked on {target}: {item['path']} ({item['reason']})")
     lines += ["", f"Overall: {'PASSED' if manifest.get('passed') else 'FAILED'}"]
     lines += [f"- {f}" for f in manifest.get("failures", [])]
+    for target, t in manifest.get("targets", {}).items():
+        lines += ["", f"## {target}: {'PASSED' if t.get('passed') else 'FAILED'}", ""]
+        if t.get("emulator"):
+            v = t.get("versions", {})
+            lines.append(f"{t['emulator']} on a {t['host']} host; aarch64 wheels: "
+                         + ", ".join(f"{k} {v[k]}" for k in ("onnxruntime", "numpy", "torch", "executorch") if k in v)
+                         + f"; Debian bookworm arm64 Python {v.get('python', '?')}. CPU models:")
+            lines += [f"- `{cpu}` ({c['seconds']:.0f} s): {c['cpu_features']}" for cpu, c in t["cpu_models"].items()]
+            lines.append("")
+        lines += ["| artifact | CPU model | compared with | max abs err | tol | top-1 | ppl / ref ppl | "
+                  f"x86 vs {target} max abs | greedy = eager | s | passed |", "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
+        for row in target_rows(manifest, target):
+            r, c = row["result"], row["check"]
+            ok = "yes" if r["passed"] else f"**NO**: {r.get('reason', '')}"
+            cells = "– | – | – | – | –" if c is None else (
+                f"{c['reference']} | {c['max_abs_logit_error']:.2e} | {c['tolerance']['max_abs_logit_error']:.2e} | "
+                f"{c['top1_agreement']:.4f} | {c['perplexity']:.3f} / {c['reference_perplexity']:.3f}")
+            x86, greedy = r.get("x86_vs_arm64_max_abs"), r.get("greedy_decode")
+            per_run = (f"{'–' if x86 is None else f'{x86:.2e}'} | "
+                       f"{'–' if greedy is None else ('yes' if greedy['identical_to_eager_fp32'] else 'no')} | "
+                       f"{r.get('seconds', 0):.1f} | {ok}") if row["first"] else " | | | "
+            lines.append(f"| {row['artifact']} | {row['cpu']} | {cells} | {per_run} |")
+        lines += [f"\nNot checked on {target}: {s['path']} ({s['reason']})" for s in t.get("skipped", [])]
+        lines += [f"- {f}" for f in t.get("failures", [])]
     return "\n".join(lines) + "\n"
 
 
@@ -378,17 +500,37 @@ def main(argv=None) -> int:
     p.add_argument("--bundle-only", action="store_true",
                    help="check the artifacts against the parity bundle's expected outputs only: no torch for ONNX "
                         "(numpy + onnxruntime suffice, as on a small device); .pte files are checked only where "
-                        "executorch is installed, and named as skipped otherwise")
+                        "executorch is installed, and named as skipped otherwise; with --target aarch64: the bundle is "
+                        "not re-derived from the checkpoint on this host (no torch needed here for ONNX)")
     p.add_argument("--formats", default="onnx,pte", help="comma-separated formats to check (default onnx,pte; "
                                                          "onnx includes the .ort files)")
+    p.add_argument("--target", choices=("host", "aarch64"), default="host",
+                   help="where the artifacts run: host (default: this machine's CPU), or aarch64: real ARM64 kernels "
+                        "under QEMU user-mode emulation, one emulated Python per --cpu model, compared with the parity "
+                        "bundle with the same tolerances and with this host's logits (x86_vs_arm64_max_abs); results "
+                        "go to each artifact's \"targets\" entry in manifest.json and to the report. The first run "
+                        "fetches an arm64 Python, qemu-aarch64 and aarch64 wheels into ~/.cache/hrm-edge/aarch64 "
+                        "($XDG_CACHE_HOME): ~0.2 GB for ONNX/ORT, ~4.5 GB with .pte (torch links CUDA libraries), "
+                        "see python -m hrm_edge.arm64 --help")
+    p.add_argument("--cpu", default=None, metavar="MODELS",
+                   help="with --target aarch64: comma-separated QEMU CPU models (default cortex-a76,max: a phone-class "
+                        "Armv8.2 core with NEON + dot product, and QEMU's all-features model with i8mm/SVE/SME, so "
+                        "different int8 kernels run)")
     a = p.parse_args(argv)
     formats = {f.strip() for f in a.formats.split(",") if f.strip()}
     if not formats or formats - {"onnx", "pte"}:
         raise UserError("--formats takes a comma-separated subset of onnx,pte")
+    if a.cpu is not None and a.target == "host":
+        raise UserError("--cpu selects emulated CPU models; it needs --target aarch64")
+    cpus = [c.strip() for c in (a.cpu or "cortex-a76,max").split(",") if c.strip()]
+    if a.target != "host" and (not cpus or len(set(cpus)) != len(cpus)):
+        raise UserError(f"--cpu takes a comma-separated list of distinct CPU models, got {a.cpu!r}")
     manifest = read_manifest(a.dir)
     if "onnx" in formats:
         formats.add("ort")
     skip = {f: f"not asked for (--formats {a.formats})" for f in {"onnx", "ort", "pte"} - formats}
+    if a.target != "host":
+        return _main_target(a, manifest, a.target, cpus, skip)
     if a.bundle_only and "pte" in formats:
         import importlib.util
 
@@ -401,6 +543,34 @@ def main(argv=None) -> int:
           + (f"; {len(skipped)} artifact(s) NOT checked: {', '.join(s['path'] for s in skipped)}" if skipped else ""))
     if not ok:
         for f in manifest["failures"]:
+            print(f"  {f}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _main_target(a, manifest: dict, target: str, cpus: list[str], skip: dict) -> int:
+    print(f"parity check of {a.dir} on {target} (emulated CPU models: {', '.join(cpus)})"
+          f"{' (bundle only)' if a.bundle_only else ''}")
+    t0 = time.time()
+    ok = run_target_gate(a.dir, manifest, target, cpus, skip=skip, recompute_reference=not a.bundle_only)
+    t = manifest["targets"][target]
+    print(f"\n{'artifact':<34} {'CPU model':<11} {'compared with':<24} {'max abs':>9} {'tol':>9} {'top-1':>7} "
+          f"{'x86 vs ' + target:>15} {'s':>6}  result")
+    for row in target_rows(manifest, target):
+        r, c = row["result"], row["check"]
+        x86 = r.get("x86_vs_arm64_max_abs")
+        cells = (f"{'–':<24} {'–':>9} {'–':>9} {'–':>7}" if c is None else
+                 f"{c['reference'].split(' (')[0][:24]:<24} {c['max_abs_logit_error']:9.2e} "
+                 f"{c['tolerance']['max_abs_logit_error']:9.2e} {c['top1_agreement']:7.4f}")
+        if row["first"]:
+            print(f"{row['artifact']:<34} {row['cpu']:<11} {cells} {'–' if x86 is None else f'{x86:.2e}':>15} "
+                  f"{r.get('seconds', 0):6.1f}  {'PASS' if r['passed'] else 'FAIL: ' + r.get('reason', '')[:200]}")
+        else:
+            print(f"{'':<46} {cells}")
+    skipped = t["skipped"]
+    print(f"{'PASSED' if ok else 'FAILED'} on {target} in {time.time() - t0:.0f} s: report in {a.dir / REPORT}"
+          + (f"; {len(skipped)} artifact(s) NOT checked: {', '.join(s['path'] for s in skipped)}" if skipped else ""))
+    if not ok:
+        for f in t["failures"]:
             print(f"  {f}", file=sys.stderr)
     return 0 if ok else 1
 
