@@ -93,7 +93,7 @@ class PteDecoder(Decoder):
 class EagerDecoder(Decoder):
     """The eager PyTorch model with its in-place KV cache (hrm_edge.model.DecodeForm)."""
 
-    def __init__(self, model, threads: int = 0):
+    def __init__(self, model, threads: int = 0, n_cycles: int | None = None):
         import torch
 
         from hrm_edge.model import DecodeForm
@@ -101,7 +101,7 @@ class EagerDecoder(Decoder):
         if threads:
             torch.set_num_threads(threads)
         self.torch = torch
-        self.form = DecodeForm(model.eval())
+        self.form = DecodeForm(model.eval(), n_cycles=n_cycles)
         self.max_seq_len = model.cfg.max_seq_len
         self.pos = 0
 

@@ -187,12 +187,15 @@ def write_bundle(path: Path, windows: np.ndarray, fp32_logits: np.ndarray, refer
                  greedy: tuple | None = None) -> None:
     """windows [N, S + 1] (inputs are [:, :-1], next-token targets [:, 1:]); logits [N, S, V];
     references: {name: logits} of the int8 eager references, stored as "reference/<name>";
-    greedy: (prompt, tokens) of the eager fp32 model's greedy continuation."""
+    greedy: (prompt, tokens) of the eager fp32 model's greedy continuation, or (prompt, tokens, {K: tokens})
+    with the continuations of the depth dial's K-cycle model too (stored as "greedy/eager_tokens.cK")."""
     from hrm_edge.io import atomic_path
 
     arrays = {"windows": windows, "fp32_logits": fp32_logits}
     if greedy is not None:
-        arrays["greedy/prompt"], arrays["greedy/eager_tokens"] = greedy
+        arrays["greedy/prompt"], arrays["greedy/eager_tokens"] = greedy[:2]
+        for k, tokens in (greedy[2] if len(greedy) > 2 else {}).items():
+            arrays[f"greedy/eager_tokens.c{k}"] = tokens
     arrays.update({f"reference/{k}": v for k, v in (references or {}).items()})
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
@@ -242,9 +245,10 @@ def check_artifact(out_dir: Path, art: dict, bundle: dict, unique_weight_bytes: 
                   compare(logits, bundle[fp32_key], targets, Tolerance(**tol["int8_vs_fp32_eager"]), fp32_name)]
     reasons = [f"vs {c['reference']}: {c['reason']}" for c in checks if not c["passed"]]
     greedy = None
-    if art["program"] == "kv_cache" and "greedy/eager_tokens" in bundle and fp32_key == "fp32_logits":
-        # a greedy continuation from the eager fp32 model, replayed by the artifact's own decode loop
-        expected = bundle["greedy/eager_tokens"]
+    # the eager fp32 model's greedy continuation (at the artifact's depth), replayed by its own decode loop
+    greedy_key = "greedy/eager_tokens" + (f".c{art['cycles']}" if "fp32_reference" in art else "")
+    if art["program"] == "kv_cache" and greedy_key in bundle:
+        expected = bundle[greedy_key]
         got = greedy_tokens(path, art["format"], bundle["greedy/prompt"], len(expected))
         n = min(len(got), len(expected))
         greedy = {"new_tokens": int(len(expected)), "identical_to_eager_fp32": bool(np.array_equal(got, expected)),
