@@ -266,6 +266,47 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     return state
 
 
+def training_speed(preset: Preset, steps: int = 12, warmup: int = 3, log=print) -> list[dict]:
+    """Training tokens/s of the preset's model under each CPU speed-up choice, measured, not assumed:
+    fp32, bf16 autocast, bf16 with twice the batch, bf16 + torch.compile. Random tokens (speed does not
+    depend on the text); median step time after `warmup` steps (torch.compile compiles during those)."""
+    mc, tc = preset.model, preset.train
+    mc = dataclasses.replace(mc, max_seq_len=max(mc.max_seq_len, tc.seq_len))
+    variants = [("fp32", tc.batch_size, False, False), ("bf16 autocast", tc.batch_size, True, False),
+                ("bf16 autocast, batch x2", 2 * tc.batch_size, True, False),
+                ("bf16 autocast + torch.compile", tc.batch_size, True, True)]
+    rows = []
+    for name, batch, bf16, compiled in variants:
+        torch.manual_seed(tc.seed)
+        model = HRMLM(mc).train()
+        opt = make_optimizer(model, tc)
+        loss_fn = torch.compile(model.loss) if compiled else model.loss
+        gen = torch.Generator().manual_seed(0)
+        times = []
+        try:
+            for i in range(warmup + steps):
+                x = torch.randint(0, mc.vocab_size, (batch, tc.seq_len), generator=gen)
+                t = time.perf_counter()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss, _ = loss_fn(x, x)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                if i >= warmup:
+                    times.append(time.perf_counter() - t)
+            step_s = sorted(times)[len(times) // 2]
+            row = {"variant": name, "batch_size": batch, "tokens_per_s": batch * tc.seq_len / step_s, "step_s": step_s}
+        except Exception as e:  # e.g. torch.compile without a working C++ toolchain: reported, not fatal
+            row = {"variant": name, "batch_size": batch, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+        rows.append(row)
+        log(f"  {name:<32} " + (f"{row['tokens_per_s']:8.0f} tokens/s" if "error" not in row else row["error"]))
+    base = rows[0].get("tokens_per_s")
+    for row in rows:
+        if base and "tokens_per_s" in row:
+            row["vs_fp32"] = row["tokens_per_s"] / base
+    return rows
+
+
 def _init_distributed() -> None:
     """Under torchrun (it sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT): join the process group."""
     if torch.cuda.is_available():
@@ -284,7 +325,7 @@ def main(argv=None) -> int:
                "  torchrun --nproc_per_node=N -m hrm_edge.train --preset tiny --out runs/tiny [--resume]\n"
                "the preset's batch_size must be divisible by N; rank 0 writes the checkpoint and the logs")
     p.add_argument("--preset", default="default", help="preset name in export/presets/ or a .toml path (default: default)")
-    p.add_argument("--out", required=True, type=Path, help="checkpoint folder to write (created if missing)")
+    p.add_argument("--out", type=Path, help="checkpoint folder to write (created if missing); required unless --speed-test")
     p.add_argument("--corpus", help="text file or folder of UTF-8 text files (default: the Python stdlib source)")
     p.add_argument("--steps", type=int, help="override the preset's number of optimizer steps")
     p.add_argument("--seed", type=int, help="override the preset's seed")
@@ -293,6 +334,10 @@ def main(argv=None) -> int:
                    help="torch CPU threads per process (default: the preset's, else all cores; under torchrun, "
                         "the cores divided by the processes per machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
+    p.add_argument("--speed-test", action="store_true",
+                   help="do not train: measure training tokens/s of the preset's model with fp32, bf16 autocast, "
+                        "bf16 with twice the batch and bf16 + torch.compile (--steps timed steps each, default 12); "
+                        "prints a table, and writes train_speed.json into --out if given")
     a = p.parse_args(argv)
     preset = load_preset(a.preset)
     if a.corpus:
@@ -305,6 +350,24 @@ def main(argv=None) -> int:
         preset.train.seed = a.seed
     if a.threads is not None:
         preset.train.threads = a.threads
+    if a.speed_test:
+        if preset.train.threads:
+            torch.set_num_threads(preset.train.threads)
+        print(f"training speed, preset {preset.name}, batch {preset.train.batch_size} x {preset.train.seq_len} tokens, "
+              f"{torch.get_num_threads()} thread(s):")
+        rows = training_speed(preset, steps=a.steps or 12)
+        table = ["| variant | batch | tokens/s | vs fp32 |", "|---|---:|---:|---:|"] + [
+            f"| {r['variant']} | {r['batch_size']} | " + (f"{r['tokens_per_s']:.0f} | {r['vs_fp32']:.2f}x |"
+                                                          if "tokens_per_s" in r else f"failed: {r['error']} | – |")
+            for r in rows]
+        print("\n".join(table))
+        if a.out:
+            check_writable_dir(a.out)
+            atomic_write_text(a.out / "train_speed.json", json.dumps(
+                {"preset": preset.name, "threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
+        return 0
+    if a.out is None:
+        raise UserError("--out is required (the checkpoint folder to write)")
     distributed, rank = "RANK" in os.environ, int(os.environ.get("RANK", 0))  # RANK: launched by torchrun
     if distributed:
         if a.threads is None:  # processes on one machine share its cores: torch's default (all, each) oversubscribes

@@ -66,3 +66,7 @@ def test_parity_on_a_non_export_folder(tmp_path):
 def test_help_explains_flags(module):
     proc = run_module(module, "--help")
     assert proc.returncode == 0 and "usage:" in proc.stdout
+
+
+def test_train_needs_out():
+    assert_user_error(run_module("hrm_edge.train", "--preset", "tiny"), "--out is required")

@@ -65,3 +65,17 @@ def test_presets_load():
     assert load_preset("default").model.arch == "hrm"
     with pytest.raises(UserError, match="unknown preset"):
         load_preset("nope")
+
+
+@pytest.mark.slow
+def test_training_speed_choices_are_measured(tmp_path):
+    """--speed-test measures every CPU speed-up choice (fp32, bf16, bigger batch, torch.compile) and writes them."""
+    from conftest import run_module
+
+    proc = run_module("hrm_edge.train", "--preset", "tiny", "--speed-test", "--steps", "2", "--threads", "1",
+                      "--out", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((tmp_path / "train_speed.json").read_text())["rows"]
+    assert [r["variant"] for r in rows][:2] == ["fp32", "bf16 autocast"] and len(rows) == 4
+    assert all(r.get("tokens_per_s", 0) > 0 for r in rows), rows
+    assert rows[0]["vs_fp32"] == 1.0 and rows[2]["batch_size"] == 2 * rows[0]["batch_size"]
