@@ -278,6 +278,21 @@ def verify_reference(out_dir: Path, bundle: dict) -> str | None:
     return None
 
 
+def checked_bundle(out_dir: Path, manifest: dict, recompute_reference: bool, failures: list) -> dict | None:
+    """The parity bundle if its sha256 matches the manifest (and, if asked, the eager model still computes
+    its fp32 logits); otherwise None, with the reason appended to `failures`."""
+    bundle_path = out_dir / manifest["parity_bundle"]["path"]
+    if not bundle_path.is_file() or sha256_file(bundle_path) != manifest["parity_bundle"]["sha256"]:
+        failures.append(f"parity bundle {bundle_path.name} is missing or modified (sha256)")
+        return None
+    bundle = load_bundle(bundle_path)
+    if recompute_reference:
+        reason = verify_reference(out_dir, bundle)
+        if reason:
+            failures.append(reason)
+    return bundle
+
+
 def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, log=print,
              skip: dict | None = None) -> bool:
     """Check every artifact of `manifest` (edited in place); write manifest.json and parity_report.md.
@@ -286,16 +301,7 @@ def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, lo
     failures = []
     skip = skip or {}
     skipped = []
-    bundle_path = out_dir / manifest["parity_bundle"]["path"]
-    if not bundle_path.is_file() or sha256_file(bundle_path) != manifest["parity_bundle"]["sha256"]:
-        failures.append(f"parity bundle {bundle_path.name} is missing or modified (sha256)")
-        bundle = None
-    else:
-        bundle = load_bundle(bundle_path)
-        if recompute_reference:
-            reason = verify_reference(out_dir, bundle)
-            if reason:
-                failures.append(reason)
+    bundle = checked_bundle(out_dir, manifest, recompute_reference, failures)
     tok_path = out_dir / manifest["tokenizer"]["path"]
     if not tok_path.is_file() or sha256_file(tok_path) != manifest["tokenizer"]["sha256"]:
         failures.append("tokenizer.json is missing or modified (sha256)")
@@ -336,16 +342,7 @@ def run_target_gate(out_dir: Path, manifest: dict, target: str, cpu_models: list
         raise UserError(f"unknown target {target!r} (known: host, {arm64.TARGET})")
     skip = skip or {}
     failures, skipped, arts = [], [], []
-    bundle_path = out_dir / manifest["parity_bundle"]["path"]
-    bundle = None
-    if not bundle_path.is_file() or sha256_file(bundle_path) != manifest["parity_bundle"]["sha256"]:
-        failures.append(f"parity bundle {bundle_path.name} is missing or modified (sha256)")
-    else:
-        bundle = load_bundle(bundle_path)
-        if recompute_reference:
-            reason = verify_reference(out_dir, bundle)
-            if reason:
-                failures.append(reason)
+    bundle = checked_bundle(out_dir, manifest, recompute_reference, failures)
     for art in manifest["artifacts"]:
         art.setdefault("targets", {})[target] = {}  # this run's CPU models replace any earlier entries
         if art["format"] in skip:
