@@ -539,12 +539,15 @@ def main(argv=None) -> int:
             skip["pte"] = "executorch is not installed here"
     print(f"parity check of {a.dir} on {host_target()}{' (bundle only)' if a.bundle_only else ''}")
     ok = run_gate(a.dir, manifest, recompute_reference=not a.bundle_only, skip=skip)
-    skipped = manifest["skipped"][host_target()]
-    print(f"{'PASSED' if ok else 'FAILED'}: report in {a.dir / REPORT}"
+    return _verdict(ok, "", a.dir, manifest["skipped"][host_target()], manifest["failures"])
+
+
+def _verdict(ok: bool, where: str, out_dir: Path, skipped: list, failures: list) -> int:
+    """The CLI's last lines: verdict, report path, what was not checked; failures on stderr. Exit code."""
+    print(f"{'PASSED' if ok else 'FAILED'}{where}: report in {out_dir / REPORT}"
           + (f"; {len(skipped)} artifact(s) NOT checked: {', '.join(s['path'] for s in skipped)}" if skipped else ""))
-    if not ok:
-        for f in manifest["failures"]:
-            print(f"  {f}", file=sys.stderr)
+    for f in ([] if ok else failures):
+        print(f"  {f}", file=sys.stderr)
     return 0 if ok else 1
 
 
@@ -567,13 +570,7 @@ def _main_target(a, manifest: dict, target: str, cpus: list[str], skip: dict) ->
                   f"{r.get('seconds', 0):6.1f}  {'PASS' if r['passed'] else 'FAIL: ' + r.get('reason', '')[:200]}")
         else:
             print(f"{'':<46} {cells}")
-    skipped = t["skipped"]
-    print(f"{'PASSED' if ok else 'FAILED'} on {target} in {time.time() - t0:.0f} s: report in {a.dir / REPORT}"
-          + (f"; {len(skipped)} artifact(s) NOT checked: {', '.join(s['path'] for s in skipped)}" if skipped else ""))
-    if not ok:
-        for f in t["failures"]:
-            print(f"  {f}", file=sys.stderr)
-    return 0 if ok else 1
+    return _verdict(ok, f" on {target} in {time.time() - t0:.0f} s", a.dir, t["skipped"], t["failures"])
 
 
 if __name__ == "__main__":

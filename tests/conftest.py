@@ -37,3 +37,29 @@ def text_corpus(tmp_path):
                  "fnmatch.py", "glob.py", "shlex.py", "colorsys.py"):
         (corpus / name.replace("/", "_")).write_text((root / name).read_text())
     return corpus
+
+
+def perturbed_copy(export_dir: Path, dest: Path, name: str = "hrm.fp32.onnx") -> Path:
+    """A copy of an export folder in which ONNX artifact `name` has its embedding table perturbed (0.01 x
+    N(0, 1)) and its sha256 and size fixed up in the manifest: it must fail parity on numbers, not sha256."""
+    import json
+    import shutil
+
+    import numpy as np
+    import onnx
+
+    from hrm_edge.io import sha256_file
+
+    shutil.copytree(export_dir, dest)
+    path = dest / name
+    model = onnx.load(str(path))
+    init = max(model.graph.initializer, key=lambda i: np.prod(i.dims))  # the embedding table
+    w = onnx.numpy_helper.to_array(init).copy()
+    w += 0.01 * np.random.default_rng(0).standard_normal(w.shape).astype(w.dtype)
+    init.CopyFrom(onnx.numpy_helper.from_array(w, init.name))
+    onnx.save(model, str(path))
+    manifest = json.loads((dest / "manifest.json").read_text())
+    art = next(a for a in manifest["artifacts"] if a["path"] == name)
+    art["sha256"], art["bytes"] = sha256_file(path), path.stat().st_size
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    return dest

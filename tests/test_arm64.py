@@ -7,12 +7,11 @@ toolchain fails them with the fetch step's one-line error.
 import json
 import shutil
 
-import numpy as np
 import pytest
 
-from conftest import run_module
+from conftest import perturbed_copy, run_module
 from hrm_edge import arm64
-from hrm_edge.io import sha256_file
+
 
 def load_manifest(d):
     return json.loads((d / "manifest.json").read_text())
@@ -107,21 +106,8 @@ def test_on_max_cpu_onnx_passes_and_tampered_or_perturbed_artifacts_fail(tiny_ex
     """On `-cpu max` (i8mm, SVE: other int8 kernels), with one artifact whose weights are off but whose sha256 was
     fixed up in the manifest (fails on numbers) and one with a changed byte (fails on sha256); every other ONNX
     and ORT artifact passes. --formats onnx: no torch import in the emulated Python."""
-    import onnx
-
-    d = tmp_path / "copy"
-    shutil.copytree(tiny_export, d)
-    m = load_manifest(d)
+    d = perturbed_copy(tiny_export, tmp_path / "copy")  # hrm.fp32.onnx: weights off, sha256 fixed up
     perturbed = d / "hrm.fp32.onnx"
-    model = onnx.load(str(perturbed))
-    init = max(model.graph.initializer, key=lambda i: np.prod(i.dims))  # the embedding table
-    w = onnx.numpy_helper.to_array(init).copy()
-    w += 0.01 * np.random.default_rng(0).standard_normal(w.shape).astype(w.dtype)
-    init.CopyFrom(onnx.numpy_helper.from_array(w, init.name))
-    onnx.save(model, str(perturbed))
-    art = next(a for a in m["artifacts"] if a["path"] == perturbed.name)
-    art["sha256"], art["bytes"] = sha256_file(perturbed), perturbed.stat().st_size
-    (d / "manifest.json").write_text(json.dumps(m))
     tampered = d / "hrm.int8-static-shared.ort"
     data = bytearray(tampered.read_bytes())
     data[len(data) // 2] ^= 0x01

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import REPO, run_module
+from conftest import REPO, perturbed_copy, run_module
 
 pytestmark = pytest.mark.slow
 
@@ -109,21 +109,7 @@ def test_corrupted_artifact_fails(tiny_export, tmp_path):
 
 def test_wrong_numbers_fail_parity(tiny_export, tmp_path):
     """An artifact whose sha256 is in order but whose weights are off must fail on numbers."""
-    from hrm_edge.io import sha256_file
-
-    d = tmp_path / "copy"
-    shutil.copytree(tiny_export, d)
-    path = d / "hrm.fp32.onnx"
-    model = onnx.load(str(path))
-    init = max(model.graph.initializer, key=lambda i: np.prod(i.dims))  # the embedding table
-    w = onnx.numpy_helper.to_array(init).copy()
-    w += 0.01 * np.random.default_rng(0).standard_normal(w.shape).astype(w.dtype)
-    init.CopyFrom(onnx.numpy_helper.from_array(w, init.name))
-    onnx.save(model, str(path))
-    m = load_manifest(d)
-    art = next(a for a in m["artifacts"] if a["path"] == "hrm.fp32.onnx")
-    art["sha256"], art["bytes"] = sha256_file(path), path.stat().st_size
-    (d / "manifest.json").write_text(json.dumps(m))
+    d = perturbed_copy(tiny_export, tmp_path / "copy")
     proc = run_module("hrm_edge.parity", d)
     assert proc.returncode == 1
     assert "max abs logit error" in proc.stdout + proc.stderr
