@@ -33,6 +33,7 @@ class ModelConfig:
     # gating=False replaces the gates by plain replacement (z <- block output)
     hierarchy: bool = True
     gating: bool = True
+    gate_dropout: float = 0.0  # dropout on the gates' inputs while training (a regulariser of the seed design)
     aux_loss_weight: float = 0.0  # weight of the readouts after outer cycles 1..H-1 (depth dial)
     n_layers: int = 4  # only for arch == "transformer"
     rope_theta: float = 10000.0

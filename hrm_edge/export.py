@@ -148,7 +148,7 @@ def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefil
     (manifest entry, {reference name: eager int8 reference logits}) per program."""
     from functools import partial
 
-    from hrm_edge.export_executorch import export_pte, export_pte_decode
+    from hrm_edge.export_executorch import export_pte, export_pte_decode, untie_head
     from hrm_edge.parity import eager_logits
     from hrm_edge.quantize import all_linear_int8_names, dynamic_int8_model, int8_weight_bytes
     from hrm_edge.tokenizer import bos_id, eos_id, load_tokenizer
@@ -174,7 +174,7 @@ def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefil
             lower = export_pte_decode if job.program == "kv_cache" else export_pte
             path = lower(model, out / job.name, bos, eos, n_cycles=job.n_cycles)
         else:
-            qmodel = qmodel or dynamic_int8_model(model)
+            qmodel = qmodel or dynamic_int8_model(untie_head(model))  # the head quantized too
             path = export_pte_decode(qmodel, out / job.name, bos, eos, n_cycles=job.n_cycles)
             extra |= {"reference": job.name, "weight_bytes": int8_weight_bytes(model, all_linear_int8_names(model)),
                       "quantization": {"mode": "dynamic", "activation_scales": "dynamic per token",

@@ -17,7 +17,7 @@ import onnx
 import torch
 
 from hrm_edge.io import atomic_write_bytes
-from hrm_edge.model import HRMLM, FunctionalDecodeForm, TracedForm, empty_cache
+from hrm_edge.model import HRMLM, FunctionalDecodeForm, TracedForm, cache_steps
 
 
 def strip_debug_metadata(graph: onnx.GraphProto) -> None:
@@ -40,6 +40,7 @@ def main_graph_ops(model: onnx.ModelProto) -> list[str]:
 
 
 TIED_TABLE = "model.embed.weight"
+OPSET = 23  # RMSNormalization is an ONNX op from opset 23 (one node instead of seven)
 
 
 def head_as_gemm(graph: onnx.GraphProto) -> None:
@@ -81,15 +82,18 @@ def head_as_gemm(graph: onnx.GraphProto) -> None:
 
 
 def _export(module, example: tuple, dynamic: tuple, input_names, output_names, path: Path, needs_loop: bool) -> Path:
-    """torch.onnx.export (dynamo) -> strip debug metadata -> check the Loop and the model -> atomic write."""
+    """torch.onnx.export (dynamo) -> strip debug metadata -> check the Loop and the model -> atomic write.
+    The model's metadata_props say max_seq_len and vocab_size (what a decoding loop needs to know)."""
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # "torchvision is not installed" notices
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():  # the exporter prints its progress
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(module, example, dynamo=True, external_data=False, dynamic_shapes=dynamic,
+        program = torch.onnx.export(module, example, dynamo=True, external_data=False, dynamic_shapes=dynamic, opset_version=OPSET,
                                     input_names=input_names, output_names=output_names, verbose=False)
     proto = program.model_proto
     strip_debug_metadata(proto.graph)
     head_as_gemm(proto.graph)
+    cfg = module.model.cfg
+    onnx.helper.set_model_props(proto, {"max_seq_len": str(cfg.max_seq_len), "vocab_size": str(cfg.vocab_size)})
     if needs_loop and "Loop" not in main_graph_ops(proto):
         raise RuntimeError(f"ONNX export of {path.name} lost the iteration Loop (main graph has no Loop node)")
     onnx.checker.check_model(proto, full_check=True)
@@ -108,17 +112,21 @@ def export_onnx(model: HRMLM, path: Path, n_cycles: int | None = None) -> Path:
                    needs_loop=cfg.arch == "hrm")
 
 
-def export_onnx_decode(model: HRMLM, path: Path) -> Path:
-    """Write the KV-cache graph: (tokens [B, S], input_pos [1], k_cache, v_cache [T, B, H, L, hd]) ->
-    (logits [B, S, V], k_cache, v_cache). Prefill (S > 1) and decode (S = 1) are the same graph; the HRM
-    iteration is an ONNX Loop whose body reads and writes its own step's slice of the stacked caches."""
+def export_onnx_decode(model: HRMLM, path: Path, n_cycles: int | None = None) -> Path:
+    """Write the KV-cache graph: (tokens [B, S], past_k, past_v [T, B, H, P, hd]) -> (logits [B, S, V],
+    present_k, present_v [T, B, H, P + S, hd]), the convention of Hugging Face's past/present key values.
+    Prefill is a call with P = 0, decode one with S = 1; the position of tokens[:, 0] is P. The HRM
+    iteration is an ONNX Loop whose body reads its own step's past and collects the new keys/values,
+    which are appended to the past once, after the Loop."""
     cfg = model.cfg
-    k, v = empty_cache(cfg, batch_size=2)
-    example = (torch.zeros(2, 4, dtype=torch.int64), torch.tensor([0], dtype=torch.int64), k, v)
-    batch, seq = torch.export.Dim("batch", max=1024), torch.export.Dim("seq", max=cfg.max_seq_len - 1)
-    dynamic = ({0: batch, 1: seq}, None, {1: batch}, {1: batch})
-    return _export(FunctionalDecodeForm(model.eval()), example, dynamic, ["tokens", "input_pos", "k_cache", "v_cache"],
-                   ["logits", "k_cache_out", "v_cache_out"], path, needs_loop=cfg.arch == "hrm")
+    T = cache_steps(cfg, n_cycles)
+    past = torch.zeros(T, 2, cfg.n_heads, 3, cfg.head_dim)  # P = 3 while tracing; any 0 <= P < L at run time
+    example = (torch.zeros(2, 4, dtype=torch.int64), past, past.clone())
+    batch = torch.export.Dim("batch", max=1024)
+    seq, past_len = torch.export.Dim("seq", max=cfg.max_seq_len), torch.export.Dim("past", max=cfg.max_seq_len - 1)
+    dynamic = ({0: batch, 1: seq}, {1: batch, 3: past_len}, {1: batch, 3: past_len})
+    return _export(FunctionalDecodeForm(model.eval(), n_cycles), example, dynamic, ["tokens", "past_k", "past_v"],
+                   ["logits", "present_k", "present_v"], path, needs_loop=cfg.arch == "hrm")
 
 
 # ---- static int8 with the Loop kept ----

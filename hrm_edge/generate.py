@@ -30,7 +30,8 @@ class Decoder:
 
 
 class OnnxDecoder(Decoder):
-    """The *.kv.onnx graph: (tokens, input_pos, k_cache, v_cache) -> (logits, k_cache, v_cache)."""
+    """The *.kv.onnx graph: (tokens, past_k, past_v) -> (logits, present_k, present_v); the presents of one
+    call are the pasts of the next (the cache grows by the call's tokens, up to max_seq_len)."""
 
     def __init__(self, path: Path, threads: int = 0):
         import onnxruntime as ort
@@ -40,20 +41,19 @@ class OnnxDecoder(Decoder):
         if threads:
             so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
         self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        shape = next(i.shape for i in self.session.get_inputs() if i.name == "k_cache")  # [T, B, H, L, hd]
-        self.cache_shape = (shape[0], 1, shape[2], shape[3], shape[4])
-        self.max_seq_len = shape[3]
+        meta = self.session.get_modelmeta().custom_metadata_map
+        shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_k")  # [T, B, H, P, hd]
+        self.empty_cache = np.zeros((shape[0], 1, shape[2], 0, shape[4]), np.float32)
+        self.max_seq_len = int(meta["max_seq_len"])
         self.reset()
 
     def reset(self):
-        self.k = np.zeros(self.cache_shape, np.float32)
-        self.v = np.zeros(self.cache_shape, np.float32)
+        self.k = self.v = self.empty_cache
         self.pos = 0
 
     def _run(self, tokens: np.ndarray) -> np.ndarray:
         logits, self.k, self.v = self.session.run(None, {
-            "tokens": np.ascontiguousarray(tokens[None, :], dtype=np.int64),
-            "input_pos": np.array([self.pos], dtype=np.int64), "k_cache": self.k, "v_cache": self.v})
+            "tokens": np.ascontiguousarray(tokens[None, :], dtype=np.int64), "past_k": self.k, "past_v": self.v})
         self.pos += len(tokens)
         return logits[0]
 
@@ -64,6 +64,7 @@ class PteDecoder(Decoder):
     def __init__(self, path: Path, threads: int = 0):
         import torch
         import executorch.kernels.quantized  # noqa: F401  quantized_decomposed kernels for int8 programs
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  llama::update_cache, custom_sdpa
         from executorch.runtime import Runtime
 
         if threads:

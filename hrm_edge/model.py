@@ -14,19 +14,25 @@ block with input injection); gating=False replaces each gate by z <- block outpu
 T = H * (L + 1) block applications share ONE block's parameters. Everything except causal attention is
 per position, so the memory never leaks later tokens into earlier positions.
 
-The iteration form is picked at trace time, the parameters are the same:
-    "loop"        a Python for loop: training and the eager reference; torch.export unrolls it (ExecuTorch)
-    "while_loop"  torch._higher_order_ops.while_loop: torch.onnx.export turns it into ONE ONNX `Loop`
-                  whose body holds the block once and reads the weights from the outer graph.
-With "loop" the step index is a Python int and the fast/slow choice is static. Under while_loop it is a
+forward() picks the positions and the attention mask from the cache, then runs one of three short loops:
+    run_layers      arch "transformer": the unshared baseline, n_layers independent blocks
+    run_loop        a Python for loop: training and the eager reference; torch.export unrolls it (ExecuTorch)
+    run_while_loop  torch._higher_order_ops.while_loop: torch.onnx.export turns it into ONE ONNX `Loop`
+                    whose body holds the block once and reads the weights from the outer graph.
+With run_loop the step index is a Python int and the fast/slow choice is static. Under while_loop it is a
 tensor, so the step embedding is read with index_select (t[i] fails export with a data-dependent-integer
 error) and the fast/slow choice is a 0/1 blend, which is exact for s in {0, 1}.
 
-arch == "transformer" is the unshared baseline: n_layers independent blocks of the same class.
+Caches share one interface, update(t, positions, k, v) -> the keys/values block application t attends over:
+    NoCache         full sequence (training, the parity reference)
+    KVCache         T pairs of in-place buffers [B, H, L, hd]: eager decoding
+    StackedKVCache  the ONNX decode graph's past [T, B, H, P, hd] in, present [T, B, H, P + S, hd] out
+and hrm_edge.export_executorch adds the ExecuTorch program's cache on its runtime's LLM custom ops.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -46,15 +52,18 @@ class RMSNorm(nn.Module):
         self.register_buffer("mean_row", torch.full((1, dim), 1.0 / dim), persistent=False)
 
     def forward(self, x):
+        if torch.onnx.is_in_onnx_export():  # ONNX (opset 23) has RMSNormalization: one node, not seven
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return x * torch.rsqrt(F.linear(x * x, self.mean_row) + self.eps) * self.weight
 
 
 def rope_tables(positions, head_dim: int, theta: float):
-    """positions [S] int64 -> cos, sin [S, head_dim], computed in the graph (no constant table); each
-    frequency appears twice, once for each half of the head (rotate-half RoPE)."""
+    """positions [S] int64 -> cos, sin [S, 1, head_dim] (broadcast over the heads of [B, S, H, hd]),
+    computed in the graph (no constant table); each frequency appears twice, once for each half of the
+    head (rotate-half RoPE)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
     angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # [S, hd/2]
-    angles = torch.cat([angles, angles], dim=-1)  # [S, hd]
+    angles = torch.cat([angles, angles], dim=-1)[:, None, :]  # [S, 1, hd]
     return torch.cos(angles), torch.sin(angles)
 
 
@@ -80,9 +89,126 @@ def attention_mask(positions, n_keys: int):
 
 
 def apply_rope(x, cos, sin, rot):
-    # x [B, H, S, hd]; rotate-half form (no complex numbers, which neither exporter handles):
+    # x [B, S, H, hd]; rotate-half form (no complex numbers, which neither exporter handles):
     # x * cos + rotate_half(x) * sin, with rotate_half(x) = cat(-x2, x1) = F.linear(x, rot)
     return x * cos + F.linear(x, rot) * sin
+
+
+def sdpa(q, k, v, mask):
+    """Causal attention: q [B, H, S, hd], k, v [B, H, L, hd], additive mask [S, L] -> [B, H, S, hd].
+
+    Written out rather than F.scaled_dot_product_attention: its decomposition adds a "safe softmax"
+    (any/where/logical_not per call) that XNNPACK does not take, breaking the delegate 8 times. 3-D bmm:
+    a 4-D matmul decomposes into expand + bmm, and the expands split the XNNPACK delegate."""
+    B, H, S, hd = q.shape
+    L = k.shape[2]
+    q3, k3, v3 = q.reshape(B * H, S, hd), k.reshape(B * H, L, hd), v.reshape(B * H, L, hd)
+    scores = torch.bmm(q3, k3.transpose(1, 2)) * (1.0 / math.sqrt(hd)) + mask  # [B*H, S, L]
+    return torch.bmm(torch.softmax(scores, dim=-1), v3).view(B, H, S, hd)
+
+
+# ---- caches: one interface, update(t, positions, k, v) -> (keys, values) of block application t ----
+# Every cache also says where this call's tokens sit (positions) and which keys each may see (mask);
+# attend() = update + attention. The forward pass is the same for all of them.
+class NoCache:
+    """Full-sequence forward: the keys are this call's tokens, causally masked."""
+
+    def positions(self, S: int, input_pos=None, device=None):
+        return torch.arange(S, device=device)  # [S]
+
+    def mask(self, positions):
+        return attention_mask(positions, positions.shape[0])  # [S, S]
+
+    def update(self, t, positions, k, v):
+        return k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
+
+    def attend(self, t, positions, q, k, v, mask):
+        """q, k, v [B, S, H, hd] (this call's) -> attention output [B, S, H, hd]."""
+        keys, values = self.update(t, positions, k, v)
+        return sdpa(q.transpose(1, 2), keys, values, mask).transpose(1, 2)
+
+
+class KVCache(nn.Module, NoCache):
+    """Static caches as buffers, one pair [B, H, L, hd] per block application (each of the T applications
+    sees different inputs), written in place: eager decoding. input_pos [1] is the position of the call's
+    first token; every key up to L is attended, later ones masked."""
+
+    def __init__(self, cfg: ModelConfig, batch_size: int = 1, n_steps: int | None = None):
+        super().__init__()
+        shape = (batch_size, cfg.n_heads, cfg.max_seq_len, cfg.head_dim)  # [B, H, L, hd]
+        for t in range(n_steps or cfg.n_steps):  # fewer outer cycles (depth dial) need fewer caches
+            self.register_buffer(f"k_{t}", torch.zeros(shape), persistent=False)
+            self.register_buffer(f"v_{t}", torch.zeros(shape), persistent=False)
+
+    def positions(self, S: int, input_pos=None, device=None):
+        return input_pos + torch.arange(S, device=input_pos.device)  # [S]
+
+    def mask(self, positions):
+        return attention_mask(positions, self.k_0.shape[2])  # [S, L]
+
+    def update(self, t: int, positions, k, v):
+        k_cache, v_cache = getattr(self, f"k_{t}"), getattr(self, f"v_{t}")
+        k_cache.index_copy_(2, positions, k.transpose(1, 2))
+        v_cache.index_copy_(2, positions, v.transpose(1, 2))
+        return k_cache, v_cache
+
+    def reset(self):
+        for b in self.buffers():
+            b.zero_()
+
+
+class StackedKVCache(NoCache):
+    """Functional caches of the ONNX decode graph. past_k, past_v [T, B, H, P, hd] are graph inputs, read
+    only; each block application t attends over its past plus the new keys, and the new keys/values of
+    all T applications are collected in new_k, new_v [T, B, H, S, hd] (carried through the ONNX Loop: S
+    rows, not the whole cache) and appended once after the loop (present). Nothing rewrites the past:
+    rewriting a stacked cache inside every Loop iteration was what made decode slow."""
+
+    def __init__(self, past_k, past_v, new_k=None, new_v=None, new_len: int | None = None):
+        T, B, H, _, hd = past_k.shape
+        self.past_k, self.past_v = past_k, past_v
+        self.new_k = past_k.new_zeros((T, B, H, new_len, hd)) if new_k is None else new_k
+        self.new_v = past_v.new_zeros((T, B, H, new_len, hd)) if new_v is None else new_v
+
+    def positions(self, S: int, input_pos=None, device=None):
+        return self.past_k.shape[3] + torch.arange(S, device=self.past_k.device)  # [S]: after the past
+
+    def mask(self, positions):
+        return attention_mask(positions, self.past_k.shape[3] + positions.shape[0])  # [S, P + S]
+
+    def update(self, t, positions, k, v):
+        # by index_select / index_copy: t is the ONNX Loop counter (t[i] fails export with a
+        # data-dependent-integer error)
+        t1 = t.reshape(1) if torch.is_tensor(t) else torch.tensor([t], device=k.device)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
+        self.new_k = self.new_k.index_copy(0, t1, k.unsqueeze(0))
+        self.new_v = self.new_v.index_copy(0, t1, v.unsqueeze(0))
+        keys = torch.cat([self.past_k.index_select(0, t1).squeeze(0), k], dim=2)  # [B, H, P + S, hd]
+        values = torch.cat([self.past_v.index_select(0, t1).squeeze(0), v], dim=2)
+        return keys, values
+
+    def carried(self) -> tuple:
+        return self.new_k, self.new_v
+
+    def with_carried(self, carried) -> "StackedKVCache":
+        return StackedKVCache(self.past_k, self.past_v, *carried)
+
+    def present(self):
+        """(k, v) [T, B, H, P + S, hd]: the past with this call's keys/values appended."""
+        return torch.cat([self.past_k, self.new_k], dim=3), torch.cat([self.past_v, self.new_v], dim=3)
+
+
+@dataclass
+class StepInputs:
+    """What every block application of one forward pass reads: the token embeddings x [B, S, D], RoPE
+    tables [S, 1, hd], the attention mask, the positions [S] and the cache."""
+
+    x: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    mask: torch.Tensor | None
+    positions: torch.Tensor
+    cache: NoCache
 
 
 class Attention(nn.Module):
@@ -95,25 +221,14 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.register_buffer("rot", rotate_half_matrix(cfg.head_dim), persistent=False)
 
-    def forward(self, x, cos, sin, mask, kv=None):
-        """kv: None (keys = this call's tokens) or a function (k, v) -> (k_all, v_all) that writes this
-        call's keys/values into this block application's cache and returns the cache [B, H, L, hd]."""
+    def forward(self, x, inp: StepInputs, t):
         B, S, D = x.shape
-        q = self.wq(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, S, hd]
-        k = self.wk(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin, self.rot), apply_rope(k, cos, sin, self.rot)
-        if kv is not None:
-            k, v = kv(k, v)  # [B, H, L, hd]
-        # Written out rather than F.scaled_dot_product_attention: its decomposition adds a "safe softmax"
-        # (any/where/logical_not per call) that XNNPACK does not take, breaking the delegate 8 times.
-        # 3-D bmm: a 4-D matmul decomposes into expand + bmm, and the expands split the XNNPACK delegate
-        L = k.shape[2]
-        q3, k3, v3 = q.reshape(B * self.n_heads, S, self.head_dim), k.reshape(B * self.n_heads, L, self.head_dim), \
-            v.reshape(B * self.n_heads, L, self.head_dim)
-        scores = torch.bmm(q3, k3.transpose(1, 2)) * (1.0 / math.sqrt(self.head_dim)) + mask  # [B*H, S, L]
-        y = torch.bmm(torch.softmax(scores, dim=-1), v3).view(B, self.n_heads, S, self.head_dim)  # [B, H, S, hd]
-        return self.wo(y.transpose(1, 2).reshape(B, S, D))
+        q = self.wq(x).view(B, S, self.n_heads, self.head_dim)  # [B, S, H, hd]
+        k = self.wk(x).view(B, S, self.n_heads, self.head_dim)
+        v = self.wv(x).view(B, S, self.n_heads, self.head_dim)
+        q, k = apply_rope(q, inp.cos, inp.sin, self.rot), apply_rope(k, inp.cos, inp.sin, self.rot)
+        y = inp.cache.attend(t, inp.positions, q, k, v, inp.mask)  # [B, S, H, hd]
+        return self.wo(y.reshape(B, S, D))
 
 
 class FeedForward(nn.Module):
@@ -138,8 +253,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
 
-    def forward(self, x, cos, sin, mask, kv=None):
-        h = x + self.attn(self.attn_norm(x), cos, sin, mask, kv)
+    def forward(self, x, inp: StepInputs, t):
+        h = x + self.attn(self.attn_norm(x), inp, t)
         return h + self.ffn(self.ffn_norm(h))
 
 
@@ -147,16 +262,19 @@ class Gate(nn.Module):
     """z <- (1 - g) * z + g * update, g = sigmoid(up(silu(down([z, update]))) + bias), per position.
 
     Low rank (gate_rank) keeps each gate a few percent of the block; the bias sets how eagerly a level
-    updates at the start of training (slow level about -2: conservative)."""
+    updates at the start of training (slow level about -2: conservative). dropout (training only) is on
+    the gate's input, a regulariser of the seed design."""
 
     def __init__(self, cfg: ModelConfig, bias_init: float):
         super().__init__()
         self.down = nn.Linear(2 * cfg.d_model, cfg.gate_rank, bias=False)
         self.up = nn.Linear(cfg.gate_rank, cfg.d_model, bias=False)
         self.bias = nn.Parameter(torch.full((cfg.d_model,), float(bias_init)))
+        self.dropout = cfg.gate_dropout
 
     def forward(self, z, update):
-        g = torch.sigmoid(self.up(F.silu(self.down(torch.cat([z, update], dim=-1)))) + self.bias)
+        zu = F.dropout(torch.cat([z, update], dim=-1), self.dropout, self.training)  # [B, S, 2D]
+        g = torch.sigmoid(self.up(F.silu(self.down(zu))) + self.bias)
         return z + g * (update - z)
 
 
@@ -180,6 +298,9 @@ class HRMLM(nn.Module):
         else:
             self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(D, cfg.norm_eps)
+        # None: the head is the embedding table (tied). An exporter may set an nn.Linear sharing that table
+        # (untie_head) so that a backend sees the head as a linear layer it can run and quantize.
+        self.head: nn.Module | None = None
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -214,130 +335,105 @@ class HRMLM(nn.Module):
 
     def readout(self, z):
         # F.linear with the embedding (not z @ W.T): XNNPACK delegates linear, not a transposed matmul.
-        return F.linear(self.norm(z), self.embed.weight)  # [B, S, V]
+        z = self.norm(z)
+        return F.linear(z, self.embed.weight) if self.head is None else self.head(z)  # [B, S, V]
 
-    def hrm_step(self, t, x, z_fast, z_slow, cos, sin, mask, kv=None):
+    def hrm_step(self, t, z_fast, z_slow, inp: StepInputs):
         """One block application. t: Python int (static fast/slow choice) or 0-d int64 tensor (blend)."""
         if isinstance(t, int):
             step = self.step_emb[t : t + 1]  # [1, D] (a slice, which XNNPACK takes; a select it does not)
             if self.is_slow_step(t):  # a Python test: no graph guard
-                return z_fast, self.update_slow(z_slow, self.block(z_slow + z_fast + step, cos, sin, mask, kv))
-            return self.update_fast(z_fast, self.block(z_fast + z_slow + x + step, cos, sin, mask, kv)), z_slow
+                return z_fast, self.update_slow(z_slow, self.block(z_slow + z_fast + step, inp, t))
+            return self.update_fast(z_fast, self.block(z_fast + z_slow + inp.x + step, inp, t)), z_slow
         t1 = t.reshape(1)
         step = self.step_emb.index_select(0, t1)  # [1, D]
-        s = self.slow_step_mask.index_select(0, t1)  # [1]: 1.0 on slow steps
-        out = self.block(z_fast + z_slow + (1.0 - s) * x + step, cos, sin, mask, kv)
+        s = self.slow_step_mask.index_select(0, t1)  # [1]: 1.0 on slow steps, exact as a 0/1 blend
+        out = self.block(z_fast + z_slow + (1.0 - s) * inp.x + step, inp, t)
         z_fast_next = z_fast + (1.0 - s) * (self.update_fast(z_fast, out) - z_fast)
         z_slow_next = z_slow + s * (self.update_slow(z_slow, out) - z_slow)
         return z_fast_next, z_slow_next
 
     def forward(self, tokens, form: str = "loop", n_cycles: int | None = None, aux: bool = False,
-                input_pos=None, cache=None):
-        """tokens [B, S] int64 -> logits [B, S, V] (with aux=True: a list, one per outer cycle).
+                cache: NoCache | None = None, input_pos=None):
+        """tokens [B, S] int64 -> logits [B, S, V] (aux=True: a list, one per outer cycle).
 
-        Decoding with a KV cache (one cache per block application: each of the T applications sees
-        different inputs): input_pos [1] int64 is the position of tokens[:, 0]; cache is a KVCache
-        (updated in place; form "loop") or a tuple (k, v) of [T, B, H, L, hd] tensors (functional;
-        then the updated tuple is returned after the logits). The recurrent states are per position,
-        so only the new tokens' states are computed."""
-        B, S = tokens.shape
-        cfg = self.cfg
-        x = self.embed(tokens)  # [B, S, D]
-        if cache is None:
-            positions = torch.arange(S, device=x.device)  # [S]
-            n_keys = S
+        cache: None (full sequence), a KVCache (in place; input_pos [1] is the position of tokens[:, 0]) or
+        a StackedKVCache (functional; read its present() after the call). The recurrent states are per
+        position, so a cached call computes only the new tokens' states."""
+        cache = NoCache() if cache is None else cache
+        positions = cache.positions(tokens.shape[1], input_pos, tokens.device)  # [S]
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)  # [S, 1, hd]
+        inp = StepInputs(self.embed(tokens), cos, sin, cache.mask(positions), positions, cache)
+        if self.cfg.arch == "transformer":
+            states = [self.run_layers(inp)]
         else:
-            positions = input_pos + torch.arange(S, device=x.device)  # [S]
-            n_keys = cfg.max_seq_len
-        cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)  # [S, hd] each
-        mask = attention_mask(positions, n_keys)  # [S, n_keys]
-        functional = isinstance(cache, tuple)
-        caches = list(cache) if functional else None  # [k_stack, v_stack], replaced as steps write
+            H = self.cfg.H_cycles if n_cycles is None else n_cycles
+            if not 1 <= H <= self.cfg.H_cycles:
+                raise ValueError(f"n_cycles must be in 1..{self.cfg.H_cycles}, got {H}")
+            if form == "loop":
+                states = self.run_loop(inp, H, aux)
+            elif form == "while_loop":
+                states = [self.run_while_loop(inp, H)]
+            else:
+                raise ValueError(f"unknown iteration form {form!r}")
+        logits = [self.readout(z) for z in states]
+        return logits if aux else logits[-1]
 
-        def kv_for(t, caches=caches):
-            """The cache writer of block application t (Python int or 0-d tensor). A functional cache is
-            the list `caches` = [k_stack, v_stack], whose entries the writer replaces."""
-            if cache is None:
-                return None
-            if not functional:
-                return lambda k, v: cache.update(t, positions, k, v)
+    def run_layers(self, inp: StepInputs):
+        """The unshared baseline: n_layers independent blocks, each with its own cache slot t."""
+        x = inp.x
+        for t, block in enumerate(self.blocks):
+            x = block(x, inp, t)
+        return x
 
-            def write(k, v):
-                # functional update of slice t: index_select / index_copy by the loop counter (t[i] fails
-                # ONNX export inside while_loop with a data-dependent-integer error)
-                t1 = t.reshape(1) if torch.is_tensor(t) else torch.tensor([t], device=k.device)
-                out = []
-                for i, new in enumerate((k, v)):
-                    step_cache = caches[i].index_select(0, t1).squeeze(0).index_copy(2, positions, new)  # [B, H, L, hd]
-                    caches[i] = caches[i].index_copy(0, t1, step_cache.unsqueeze(0))
-                    out.append(step_cache)
-                return out[0], out[1]
-            return write
+    def initial_states(self, inp: StepInputs):
+        B, S, _ = inp.x.shape
+        return self.z_fast_init.expand(B, S, -1), self.z_slow_init.expand(B, S, -1)  # [B, S, D] each
 
-        if cfg.arch == "transformer":
-            for i, block in enumerate(self.blocks):
-                x = block(x, cos, sin, mask, kv_for(i))
-            logits = self.readout(x)
-            if functional:
-                return logits, caches[0], caches[1]
-            return [logits] if aux else logits
+    def run_loop(self, inp: StepInputs, H: int, aux: bool) -> list:
+        """H outer cycles as a Python loop (training, the eager reference; torch.export unrolls it).
+        Returns the output state after every outer cycle (aux) or after the last one."""
+        z_fast, z_slow = self.initial_states(inp)
+        per_cycle = self.cfg.L_cycles + 1
+        states = []
+        for t in range(H * per_cycle):
+            z_fast, z_slow = self.hrm_step(t, z_fast, z_slow, inp)
+            if aux and (t + 1) % per_cycle == 0:
+                states.append(self.final_state(z_fast, z_slow))
+        return states if aux else [self.final_state(z_fast, z_slow)]
 
-        H = cfg.H_cycles if n_cycles is None else n_cycles
-        if not 1 <= H <= cfg.H_cycles:
-            raise ValueError(f"n_cycles must be in 1..{cfg.H_cycles}, got {H}")
-        z_fast = self.z_fast_init.expand(B, S, -1)
-        z_slow = self.z_slow_init.expand(B, S, -1)
-        per_cycle = cfg.L_cycles + 1
+    def run_while_loop(self, inp: StepInputs, H: int):
+        """H outer cycles as torch's while_loop: torch.onnx.export makes it ONE ONNX Loop whose body holds the
+        block once. A functional cache's collected keys/values ride along as loop-carried values."""
+        from torch._higher_order_ops import while_loop
 
-        if form == "loop":
-            readouts = []
-            for t in range(H * per_cycle):
-                z_fast, z_slow = self.hrm_step(t, x, z_fast, z_slow, cos, sin, mask, kv_for(t))
-                if aux and (t + 1) % per_cycle == 0:
-                    readouts.append(self.readout(self.final_state(z_fast, z_slow)))
-            if aux:
-                return readouts
-            logits = self.readout(self.final_state(z_fast, z_slow))
-            return (logits, caches[0], caches[1]) if functional else logits
+        n_steps = H * (self.cfg.L_cycles + 1)
+        carried = inp.cache.carried() if isinstance(inp.cache, StackedKVCache) else ()
 
-        if form == "while_loop":
-            from torch._higher_order_ops import while_loop
+        def body(t, z_fast, z_slow, *carried):
+            cache = inp.cache.with_carried(carried) if carried else inp.cache
+            z_fast, z_slow = self.hrm_step(t, z_fast, z_slow, replace(inp, cache=cache))
+            return (t + 1, z_fast, z_slow, *(cache.carried() if carried else ()))
 
-            n_steps = H * per_cycle
-            t0 = torch.zeros((), dtype=torch.int64, device=x.device)
-            # carries must not alias the parameters they start from: clone the expanded init states
-            if not functional:
-                if cache is not None:
-                    raise ValueError("while_loop takes a functional (tuple) cache")
+        t0 = torch.zeros((), dtype=torch.int64, device=inp.x.device)
+        # carries must not alias the tensors they start from (parameters, graph inputs): clone them
+        start = (t0, *(z.clone() for z in self.initial_states(inp)), *(c.clone() for c in carried))
+        out = while_loop(lambda t, *_: t < n_steps, body, start)
+        if carried:
+            inp.cache.new_k, inp.cache.new_v = out[3], out[4]
+        return self.final_state(out[1], out[2])
 
-                def body_fn(t, z_fast, z_slow):
-                    z_fast, z_slow = self.hrm_step(t, x, z_fast, z_slow, cos, sin, mask)
-                    return t + 1, z_fast, z_slow
-
-                _, z_fast, z_slow = while_loop(lambda t, *_: t < n_steps, body_fn, (t0, z_fast.clone(), z_slow.clone()))
-                return self.readout(self.final_state(z_fast, z_slow))
-
-            def body_fn(t, z_fast, z_slow, k_stack, v_stack):
-                stacks = [k_stack, v_stack]  # local to the body: a while_loop body must not mutate outer state
-                z_fast, z_slow = self.hrm_step(t, x, z_fast, z_slow, cos, sin, mask, kv_for(t, stacks))
-                return t + 1, z_fast, z_slow, stacks[0], stacks[1]
-
-            _, z_fast, z_slow, k_out, v_out = while_loop(
-                lambda t, *_: t < n_steps, body_fn, (t0, z_fast.clone(), z_slow.clone(), caches[0].clone(), caches[1].clone()))
-            return self.readout(self.final_state(z_fast, z_slow)), k_out, v_out
-
-        raise ValueError(f"unknown iteration form {form!r}")
-
-    def loss(self, tokens, targets):
-        """Mean next-token cross entropy of the final readout, plus aux_loss_weight x the earlier ones."""
-        aux = self.cfg.arch == "hrm" and self.cfg.aux_loss_weight > 0 and self.cfg.H_cycles > 1
+    def loss(self, tokens, targets, n_cycles: int | None = None):
+        """Mean next-token cross entropy of the final readout, plus aux_loss_weight x the earlier ones.
+        n_cycles: run only this many outer cycles (a curriculum over iterations trains shallow first)."""
+        H = self.cfg.H_cycles if n_cycles is None else n_cycles
+        aux = self.cfg.arch == "hrm" and self.cfg.aux_loss_weight > 0 and H > 1
         if not aux:
-            logits = self(tokens)
+            logits = self(tokens, n_cycles=n_cycles)
             return F.cross_entropy(logits.flatten(0, 1), targets.flatten()), logits
-        readouts = self(tokens, aux=True)
+        readouts = self(tokens, aux=True, n_cycles=n_cycles)
         losses = [F.cross_entropy(r.flatten(0, 1), targets.flatten()) for r in readouts]
-        main = losses[-1]
-        total = main + self.cfg.aux_loss_weight * sum(losses[:-1]) / (len(losses) - 1)
+        total = losses[-1] + self.cfg.aux_loss_weight * sum(losses[:-1]) / (len(losses) - 1)
         return total, readouts[-1]
 
 
@@ -354,61 +450,48 @@ def unique_weight_bytes(model: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-class KVCache(nn.Module):
-    """Static K/V caches as buffers, one pair per block application, updated in place (ExecuTorch's
-    LLM-runner contract: the caches are mutable buffers of the program, not inputs)."""
-
-    def __init__(self, cfg: ModelConfig, batch_size: int = 1, n_steps: int | None = None):
-        super().__init__()
-        shape = (batch_size, cfg.n_heads, cfg.max_seq_len, cfg.head_dim)  # [B, H, L, hd]
-        for t in range(n_steps or cfg.n_steps):  # fewer outer cycles (depth dial) need fewer caches
-            self.register_buffer(f"k_{t}", torch.zeros(shape), persistent=False)
-            self.register_buffer(f"v_{t}", torch.zeros(shape), persistent=False)
-
-    def update(self, t: int, positions, k, v):
-        """Write k, v [B, H, S, hd] at `positions` [S] of application t's cache; return the caches."""
-        k_cache, v_cache = getattr(self, f"k_{t}"), getattr(self, f"v_{t}")
-        k_cache.index_copy_(2, positions, k)
-        v_cache.index_copy_(2, positions, v)
-        return k_cache, v_cache
-
-    def reset(self):
-        for b in self.buffers():
-            b.zero_()
+def cache_steps(cfg: ModelConfig, n_cycles: int | None) -> int:
+    """Block applications (= cache slots) of a forward pass with n_cycles outer cycles (None: all)."""
+    if n_cycles is None or cfg.arch != "hrm":
+        return cfg.n_steps
+    return n_cycles * (cfg.L_cycles + 1)
 
 
-def empty_cache(cfg: ModelConfig, batch_size: int = 1):
-    """Functional caches (k, v), each [T, B, H, L, hd] of zeros: the ONNX decode graph's inputs."""
-    shape = (cfg.n_steps, batch_size, cfg.n_heads, cfg.max_seq_len, cfg.head_dim)
+def empty_cache(cfg: ModelConfig, batch_size: int = 1, n_cycles: int | None = None):
+    """The ONNX decode graph's past before the first call: k, v [T, B, H, 0, hd] (no tokens yet)."""
+    shape = (cache_steps(cfg, n_cycles), batch_size, cfg.n_heads, 0, cfg.head_dim)
     return torch.zeros(shape), torch.zeros(shape)
 
 
 class DecodeForm(nn.Module):
     """(tokens [1, S], input_pos [1]) -> logits [1, S, V] with the KV cache as in-place buffers: the
     ExecuTorch program of the LLM runner, and the eager KV-cache model (prefill S > 1, decode S = 1).
-    n_cycles: outer cycles to run (depth dial; None = all)."""
+    n_cycles: outer cycles to run (depth dial; None = all). cache: the cache module (default KVCache; the
+    ExecuTorch exporter passes one on its runtime's cache ops)."""
 
-    def __init__(self, model: HRMLM, batch_size: int = 1, n_cycles: int | None = None):
+    def __init__(self, model: HRMLM, batch_size: int = 1, n_cycles: int | None = None, cache: nn.Module | None = None):
         super().__init__()
-        cfg = model.cfg
-        n_steps = None if n_cycles is None or cfg.arch != "hrm" else n_cycles * (cfg.L_cycles + 1)
-        self.model, self.n_cycles, self.cache = model, n_cycles, KVCache(cfg, batch_size, n_steps)
+        self.model, self.n_cycles = model, n_cycles
+        self.cache = cache if cache is not None else KVCache(model.cfg, batch_size, cache_steps(model.cfg, n_cycles))
 
     def forward(self, tokens, input_pos):
         return self.model(tokens, form="loop", n_cycles=self.n_cycles, input_pos=input_pos, cache=self.cache)
 
 
 class FunctionalDecodeForm(nn.Module):
-    """(tokens, input_pos, k_cache, v_cache) -> (logits, k_cache, v_cache): the ONNX decode graph, caches
-    as explicit inputs/outputs stacked over the T applications; HRM iteration as an ONNX Loop."""
+    """(tokens [B, S], past_k, past_v [T, B, H, P, hd]) -> (logits [B, S, V], present_k, present_v
+    [T, B, H, P + S, hd]): the ONNX decode graph (the position of tokens[:, 0] is P); HRM iteration as an
+    ONNX Loop. Prefill is a call with P = 0."""
 
-    def __init__(self, model: HRMLM):
+    def __init__(self, model: HRMLM, n_cycles: int | None = None):
         super().__init__()
-        self.model = model
+        self.model, self.n_cycles = model, n_cycles
         self.form = "while_loop" if model.cfg.arch == "hrm" else "loop"
 
-    def forward(self, tokens, input_pos, k_cache, v_cache):
-        return self.model(tokens, form=self.form, input_pos=input_pos, cache=(k_cache, v_cache))
+    def forward(self, tokens, past_k, past_v):
+        cache = StackedKVCache(past_k, past_v, new_len=tokens.shape[1])
+        logits = self.model(tokens, form=self.form, n_cycles=self.n_cycles, cache=cache)
+        return (logits, *cache.present())
 
 
 class TracedForm(nn.Module):

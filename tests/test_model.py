@@ -93,7 +93,7 @@ def test_gate_init():
 @pytest.mark.parametrize("arch", ["hrm", "transformer"])
 def test_kv_cache_decoding_matches_full_sequence(arch):
     """prefill 5 tokens, then decode one token at a time: the logits equal the full-sequence ones, with
-    the in-place cache (ExecuTorch form) and with the functional cache (ONNX form, Loop for HRM)."""
+    the in-place cache (eager decoding) and with the past/present cache (ONNX form, a Loop for HRM)."""
     from hrm_edge.model import DecodeForm, FunctionalDecodeForm, empty_cache
 
     model = make(arch, n_layers=3)
@@ -103,13 +103,46 @@ def test_kv_cache_decoding_matches_full_sequence(arch):
         dec = DecodeForm(model)
         fun = FunctionalDecodeForm(model)
         k, v = empty_cache(model.cfg)
+        assert k.shape == (model.cfg.n_steps, 1, 4, 0, 8)  # no past before the prompt
         outs_a, outs_b = [dec(tokens[:, :5], torch.tensor([0]))], []
-        logits, k, v = fun(tokens[:, :5], torch.tensor([0]), k, v)
+        logits, k, v = fun(tokens[:, :5], k, v)
         outs_b.append(logits)
         for p in range(5, 12):
             outs_a.append(dec(tokens[:, p : p + 1], torch.tensor([p])))
-            logits, k, v = fun(tokens[:, p : p + 1], torch.tensor([p]), k, v)
+            logits, k, v = fun(tokens[:, p : p + 1], k, v)
             outs_b.append(logits)
     assert (torch.cat(outs_a, 1) - full).abs().max().item() <= 1e-5
     assert (torch.cat(outs_b, 1) - full).abs().max().item() <= 1e-5
-    assert k.shape == (model.cfg.n_steps, 1, 4, 32, 8)
+    assert k.shape == (model.cfg.n_steps, 1, 4, 12, 8)  # the past grew by every call's tokens
+
+
+def test_caches_share_one_interface():
+    """update(t, positions, k, v) returns the keys/values block application t attends over: the in-place
+    cache the whole buffer (later rows zero), the stacked cache its past plus the new rows."""
+    from hrm_edge.model import KVCache, NoCache, StackedKVCache
+
+    cfg = make().cfg
+    k, v = torch.randn(1, 3, cfg.n_heads, cfg.head_dim), torch.randn(1, 3, cfg.n_heads, cfg.head_dim)  # [B, S, H, hd]
+    positions = torch.arange(2, 5)
+    kv = KVCache(cfg)
+    keys, _ = kv.update(1, positions, k, v)
+    assert torch.equal(keys[:, :, 2:5], k.transpose(1, 2)) and keys[:, :, 5:].abs().sum() == 0
+    past = torch.randn(cfg.n_steps, 1, cfg.n_heads, 2, cfg.head_dim)
+    stacked = StackedKVCache(past, past.clone(), new_len=3)
+    assert torch.equal(stacked.positions(3), positions)
+    keys, _ = stacked.update(torch.tensor(1), positions, k, v)
+    assert torch.equal(keys, torch.cat([past[1], k.transpose(1, 2)], dim=2))
+    present_k, _ = stacked.present()
+    assert torch.equal(present_k[1, :, :, 2:], k.transpose(1, 2)) and present_k[0, :, :, 2:].abs().sum() == 0
+    keys, _ = NoCache().update(0, positions, k, v)
+    assert torch.equal(keys, k.transpose(1, 2))
+
+
+def test_gate_dropout_only_in_training():
+    model = make(gate_dropout=0.5)
+    tokens = torch.randint(0, 97, (2, 9))
+    with torch.no_grad():
+        a, b = model(tokens), model(tokens)
+        assert torch.equal(a, b)  # eval: no dropout
+        model.train()
+        assert not torch.equal(model(tokens), model(tokens))
