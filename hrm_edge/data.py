@@ -7,10 +7,17 @@ Splits are by hash of the document name, so they do not move when files are adde
 bucket = sha256(name) % 100; bucket < val_percent -> validation, next calib_percent -> calibration
 (never validation), the rest -> train. A corpus of few files is cut into line-aligned chunks first so
 that every split gets text.
+
+A built corpus (`python -m hrm_edge.corpus`, --corpus pypi or the folder it wrote) is a folder
+`{split}/{project}/{path}` plus record.json; it is split by project when it is built, and that split is
+used as it is: validation then measures code from projects the model has never seen.
 """
 from __future__ import annotations
 
 import hashlib
+import json
+import lzma
+import os
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +28,10 @@ from hrm_edge.config import DataConfig
 from hrm_edge.errors import UserError
 
 MIN_DOCUMENTS = 200  # fewer files than this: cut them into ~400 line-aligned pieces so every split gets text
+PYPI = "pypi"  # --corpus pypi: the corpus `python -m hrm_edge.corpus` builds in its default folder
+RECORD = "record.json"  # a built corpus folder's record; its "format" says what it is
+CORPUS_FORMAT = "hrm-edge-corpus/1"
+SPLITS = ("train", "val", "calib")
 
 
 @dataclass
@@ -83,22 +94,97 @@ def _chunks(text: str, size: int) -> list[str]:
     return out
 
 
-def load_corpus(cfg: DataConfig, required_splits: tuple[str, ...] = ("train", "val")) -> Corpus:
-    """Read, validate and split the corpus. User mistakes raise UserError."""
-    import sys
+def default_corpus_cache() -> Path:
+    """Where `python -m hrm_edge.corpus` keeps sdists and builds: $XDG_CACHE_HOME/hrm-edge/corpus."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "hrm-edge" / "corpus"
 
-    if cfg.corpus:
-        root = Path(cfg.corpus).expanduser()
-        files, strict = _user_files(root), True
-        source = str(root)
-    else:
-        files, strict = _stdlib_files(), False
-        source = f"python-stdlib {sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
-    # deterministic order that does not favour one corner of the tree when max_corpus_bytes cuts it
-    files.sort(key=lambda f: (hashlib.sha256(f[0].encode()).hexdigest(), f[0]))
 
-    docs: list[tuple[str, str]] = []
-    total = 0
+def default_built_corpus() -> Path:
+    return default_corpus_cache() / PYPI
+
+
+def is_built_corpus(root: Path) -> bool:
+    try:
+        return json.loads((Path(root) / RECORD).read_text()).get("format") == CORPUS_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def document_order(name: str) -> tuple[str, str]:
+    """Sort key of documents: by hash of the name, so a byte cap or a tokenizer sample is not one corner."""
+    return hashlib.sha256(name.encode()).hexdigest(), name
+
+
+def listing_sha256(entries) -> str:
+    """sha256 of a built corpus: over sorted lines `split  project  path  sha256(content)`."""
+    h = hashlib.sha256()
+    for split, project, path, content_sha in sorted(entries):
+        h.update(f"{split}\t{project}\t{path}\t{content_sha}\n".encode())
+    return h.hexdigest()
+
+
+def built_corpus_root(corpus: str) -> Path | None:
+    """The built corpus folder that --corpus names ("pypi" or a folder holding a record), else None."""
+    if corpus == PYPI:
+        root = default_built_corpus()
+        if not is_built_corpus(root):
+            raise UserError(f"the pypi corpus is not built (no {root / RECORD}); run `python -m hrm_edge.corpus`")
+        return root
+    root = Path(corpus).expanduser()
+    return root if root.is_dir() and is_built_corpus(root) else None
+
+
+def read_built_corpus(root: Path) -> tuple[dict, list[tuple[str, str, str, str]]]:
+    """(record, [(split, project, path, text)]) of a built corpus, checked against its record's sha256."""
+    root = Path(root)
+    record = json.loads((root / RECORD).read_text())
+    files, entries = [], []
+    for split in SPLITS:
+        for p in sorted((root / split).rglob("*.py")) if (root / split).is_dir() else []:
+            project, path = p.relative_to(root / split).as_posix().split("/", 1)
+            raw = p.read_bytes()
+            files.append((split, project, path, raw))
+            entries.append((split, project, path, hashlib.sha256(raw).hexdigest()))
+    if listing_sha256(entries) != record.get("sha256"):
+        raise UserError(f"built corpus {root} does not match its {RECORD} (files changed?); "
+                        "rebuild it with `python -m hrm_edge.corpus`")
+    return record, [(split, project, path, raw.decode("utf-8")) for split, project, path, raw in files]
+
+
+def heldout_projects(corpus: str = PYPI, split: str = "val") -> dict[str, list[tuple[str, str]]]:
+    """A built corpus's held-out documents grouped by project: {project: [(path, text)]}, sorted."""
+    root = built_corpus_root(corpus)
+    if root is None:
+        raise UserError(f"{corpus} is not a built corpus (no {RECORD}); build one with `python -m hrm_edge.corpus`")
+    grouped: dict[str, list[tuple[str, str]]] = {}
+    for s, project, path, text in read_built_corpus(root)[1]:
+        if s == split:
+            grouped.setdefault(project, []).append((path, text))
+    return grouped
+
+
+def xz_bits_per_byte(texts: list[str]) -> float:
+    """The `xz -9` baseline: each text compressed on its own (lzma preset 9, .xz container); total
+    compressed bits / total raw UTF-8 bytes."""
+    raw = compressed = 0
+    for text in texts:
+        data = text.encode("utf-8")
+        raw += len(data)
+        compressed += len(lzma.compress(data, format=lzma.FORMAT_XZ, preset=9))
+    return 8 * compressed / max(raw, 1)
+
+
+def _built_documents(root: Path) -> tuple[str, list[tuple[str, str, str]]]:
+    """(source, [(name, text, split)]) of a built corpus; name = project/path."""
+    record, docs = read_built_corpus(root)
+    return (f"built corpus {root} sha256 {record['sha256']}",
+            [(f"{project}/{path}", text, split) for split, project, path, text in docs])
+
+
+def _read_files(files: list[tuple[str, Path]], strict: bool) -> list[tuple[str, str]]:
+    """(name, text) of every non-blank file; non-UTF-8 is a user error when `strict`, else skipped."""
+    docs = []
     for name, path in files:
         raw = path.read_bytes()
         try:
@@ -107,23 +193,59 @@ def load_corpus(cfg: DataConfig, required_splits: tuple[str, ...] = ("train", "v
             if strict:
                 raise UserError(f"{path} is not UTF-8 text (bad byte at offset {e.start})") from None
             continue  # a few stdlib test files are deliberately not UTF-8
-        if not text.strip():
+        if text.strip():
+            docs.append((name, text))
+    return docs
+
+
+def _cap_bytes(docs: list, max_bytes: int) -> tuple[list, int]:
+    """Documents (name, text, ...) in the given order while they fit in max_bytes (0 = all); total bytes."""
+    kept, total = [], 0
+    for doc in docs:
+        n = len(doc[1].encode("utf-8"))
+        if max_bytes and total + n > max_bytes and kept:
             continue
-        if cfg.max_corpus_bytes and total + len(raw) > cfg.max_corpus_bytes and docs:
-            continue
-        docs.append((name, text))
-        total += len(raw)
-    if not docs:
-        raise UserError(f"corpus {source} is empty (no non-blank text)")
-    if len(docs) < MIN_DOCUMENTS:
-        size = max(512, sum(len(t) for _, t in docs) // (2 * MIN_DOCUMENTS))
-        docs = [(f"{name}#{i}", piece) for name, text in docs for i, piece in enumerate(_chunks(text, size))]
+        kept.append(doc)
+        total += n
+    return kept, total
+
+
+def _hash_split(name: str, cfg: DataConfig) -> str:
+    b = _bucket(name)
+    return "val" if b < cfg.val_percent else "calib" if b < cfg.val_percent + cfg.calib_percent else "train"
+
+
+def load_corpus(cfg: DataConfig, required_splits: tuple[str, ...] = ("train", "val")) -> Corpus:
+    """Read, validate and split the corpus. User mistakes raise UserError.
+
+    A built corpus keeps its own by-project split (val_percent / calib_percent do not apply to it)."""
+    import sys
+
+    built = built_corpus_root(cfg.corpus) if cfg.corpus else None
+    if built is not None:
+        source, labelled = _built_documents(built)
+        labelled.sort(key=lambda d: document_order(d[0]))
+        labelled, total = _cap_bytes(labelled, cfg.max_corpus_bytes)
+    else:
+        if cfg.corpus:
+            root = Path(cfg.corpus).expanduser()
+            files, strict, source = _user_files(root), True, str(root)
+        else:
+            files, strict = _stdlib_files(), False
+            source = f"python-stdlib {sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+        # deterministic order that does not favour one corner of the tree when max_corpus_bytes cuts it
+        files.sort(key=lambda f: document_order(f[0]))
+        docs, total = _cap_bytes(_read_files(files, strict), cfg.max_corpus_bytes)
+        if not docs:
+            raise UserError(f"corpus {source} is empty (no non-blank text)")
+        if len(docs) < MIN_DOCUMENTS:
+            size = max(512, sum(len(t) for _, t in docs) // (2 * MIN_DOCUMENTS))
+            docs = [(f"{name}#{i}", piece) for name, text in docs for i, piece in enumerate(_chunks(text, size))]
+        labelled = [(name, text, _hash_split(name, cfg)) for name, text in docs]
 
     corpus = Corpus(source=source)
     h = hashlib.sha256()
-    for name, text in docs:
-        b = _bucket(name)
-        split = "val" if b < cfg.val_percent else "calib" if b < cfg.val_percent + cfg.calib_percent else "train"
+    for name, text, split in labelled:
         corpus.split(split).append(text)
         h.update(f"{split}\t{name}\t{len(text)}\n".encode())
     corpus.names_sha256 = h.hexdigest()
@@ -131,7 +253,7 @@ def load_corpus(cfg: DataConfig, required_splits: tuple[str, ...] = ("train", "v
         if not corpus.split(split):
             raise UserError(
                 f"corpus {source} is too small: its {split} split is empty "
-                f"({len(docs)} documents, {total} bytes); give it more text"
+                f"({len(labelled)} documents, {total} bytes); give it more text"
             )
     return corpus
 
