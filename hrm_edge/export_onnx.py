@@ -7,6 +7,7 @@ would be unrolled). Batch and sequence axes are dynamic.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import logging
 import warnings
@@ -17,7 +18,7 @@ import onnx
 import torch
 
 from hrm_edge.io import atomic_write_bytes
-from hrm_edge.model import HRMLM, FunctionalDecodeForm, TracedForm, cache_steps
+from hrm_edge.model import HRMLM, FunctionalDecodeForm, RMSNorm, TracedForm, cache_steps
 
 
 def strip_debug_metadata(graph: onnx.GraphProto) -> None:
@@ -101,6 +102,15 @@ def _export(module, example: tuple, dynamic: tuple, input_names, output_names, p
     return path
 
 
+def for_onnx(model: HRMLM) -> HRMLM:
+    """The source transformation before ONNX export: a copy whose RMSNorms are the one ONNX op."""
+    model = copy.deepcopy(model).eval()
+    for m in model.modules():
+        if isinstance(m, RMSNorm):
+            m.as_one_op = True
+    return model
+
+
 def export_onnx(model: HRMLM, path: Path, n_cycles: int | None = None) -> Path:
     """Write `path` (one self-contained file): tokens [B, S] -> logits [B, S, V], batch and sequence
     dynamic. HRM: iteration as an ONNX Loop; transformer: unrolled."""
@@ -108,7 +118,7 @@ def export_onnx(model: HRMLM, path: Path, n_cycles: int | None = None) -> Path:
     form = "while_loop" if cfg.arch == "hrm" else "loop"
     example = torch.randint(0, cfg.vocab_size, (2, min(16, cfg.max_seq_len)), generator=torch.Generator().manual_seed(0))
     dynamic = ({0: torch.export.Dim("batch", max=1024), 1: torch.export.Dim("seq", max=cfg.max_seq_len)},)
-    return _export(TracedForm(model.eval(), form, n_cycles), (example,), dynamic, ["tokens"], ["logits"], path,
+    return _export(TracedForm(for_onnx(model), form, n_cycles), (example,), dynamic, ["tokens"], ["logits"], path,
                    needs_loop=cfg.arch == "hrm")
 
 
@@ -125,7 +135,7 @@ def export_onnx_decode(model: HRMLM, path: Path, n_cycles: int | None = None) ->
     batch = torch.export.Dim("batch", max=1024)
     seq, past_len = torch.export.Dim("seq", max=cfg.max_seq_len), torch.export.Dim("past", max=cfg.max_seq_len - 1)
     dynamic = ({0: batch, 1: seq}, {1: batch, 3: past_len}, {1: batch, 3: past_len})
-    return _export(FunctionalDecodeForm(model.eval(), n_cycles), example, dynamic, ["tokens", "past_k", "past_v"],
+    return _export(FunctionalDecodeForm(for_onnx(model), n_cycles), example, dynamic, ["tokens", "past_k", "past_v"],
                    ["logits", "present_k", "present_v"], path, needs_loop=cfg.arch == "hrm")
 
 

@@ -51,8 +51,11 @@ class RMSNorm(nn.Module):
         # reduced over dims (-2, -1), so x.pow(2).mean(-1) on [B, S, D] splits the delegate at every norm.
         self.register_buffer("mean_row", torch.full((1, dim), 1.0 / dim), persistent=False)
 
+    # The ONNX exporter sets this (ONNX opset 23 has RMSNormalization: one node instead of seven)
+    as_one_op = False
+
     def forward(self, x):
-        if torch.onnx.is_in_onnx_export():  # ONNX (opset 23) has RMSNormalization: one node, not seven
+        if self.as_one_op:
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return x * torch.rsqrt(F.linear(x * x, self.mean_row) + self.eps) * self.weight
 
