@@ -276,7 +276,8 @@ class PeerOnnxDecoder(Decoder):
                  "position_ids": np.arange(self.pos, self.pos + s, dtype=np.int64)[None, :]}
         feeds = {k: v for k, v in feeds.items() if k in self.inputs} | self.past
         out = dict(zip(self.outputs, self.session.run(None, feeds)))
-        self.past = {name.replace("present.", "past_key_values."): v for name, v in out.items() if name.startswith("present.")}
+        self.past = {name.replace("present.", "past_key_values."): v
+                     for name, v in out.items() if name.startswith("present.")}
         self.pos += s
         return out["logits"][0]
 
@@ -376,7 +377,8 @@ def _model_dict(folder: Path) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hrm_edge.peers", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", type=Path, nargs="?", help="export folder (manifest.json) or checkpoint folder (config.json): the peers take its model's shape")
+    p.add_argument("dir", type=Path, nargs="?", help="export folder (manifest.json) or checkpoint folder "
+                   "(config.json): the peers take its model's shape")
     p.add_argument("--out", type=Path, help="where to build the peers (default DIR/peers)")
     p.add_argument("--shape", action="append", default=[], metavar="KEY=VALUE",
                    help="change one field of the shape (d_model, n_heads, ffn_hidden, n_layers, vocab_size, max_seq_len, "
