@@ -1,0 +1,150 @@
+package org.hrmedge.core;
+
+import java.io.ByteArrayOutputStream;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+/**
+ * The project's tokenizer.json (HF tokenizers: byte-level BPE, ByteLevel pre-tokenizer without prefix
+ * space, special tokens <|bos|> and <|eos|>) in plain Java, for the app's suggestions, which need token ids
+ * and logits (ExecuTorch's LlmModule tokenizes internally but gives text only). Encodes like Python's
+ * {@code tok.encode(text, add_special_tokens=False).ids} and decodes like {@code tok.decode(ids)} (special
+ * tokens skipped); tests/test_android_core.py checks both against Python on real text.
+ */
+public final class ByteLevelBpe {
+    // The GPT-2 split the ByteLevel pre-tokenizer applies (use_regex: true), with Unicode \s like Oniguruma's.
+    private static final Pattern SPLIT = unicodePattern(
+            "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+");
+    private static final char[] BYTE_TO_CHAR = new char[256];
+    private static final Map<Character, Integer> CHAR_TO_BYTE = new HashMap<>();
+
+    static {
+        // GPT-2's reversible byte -> printable character map: printable Latin-1 bytes map to themselves, the
+        // others to 256, 257, ... in byte order.
+        int next = 256;
+        for (int b = 0; b < 256; b++) {
+            boolean printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+            BYTE_TO_CHAR[b] = (char) (printable ? b : next++);
+            CHAR_TO_BYTE.put(BYTE_TO_CHAR[b], b);
+        }
+    }
+
+    /** \\s, \\p{L}... with Unicode meaning: the JDK needs the flag; Android's regex always has it and may reject it. */
+    static Pattern unicodePattern(String regex) {
+        try {
+            return Pattern.compile(regex, Pattern.UNICODE_CHARACTER_CLASS);
+        } catch (IllegalArgumentException e) {
+            return Pattern.compile(regex);
+        }
+    }
+
+    private final Map<String, Integer> vocab = new HashMap<>();
+    private final String[] idToToken;
+    private final Map<String, Integer> mergeRank = new HashMap<>();
+    private final Map<String, Integer> special = new HashMap<>(); // content -> id
+    private final Map<String, int[]> cache = new HashMap<>();
+
+    public ByteLevelBpe(String tokenizerJson) {
+        Map<String, Object> root = Json.object(Json.parse(tokenizerJson));
+        Map<String, Object> model = Json.object(root.get("model"));
+        if (!"BPE".equals(model.get("type"))) throw new IllegalArgumentException("not a BPE tokenizer");
+        int size = 0;
+        for (Map.Entry<String, Object> e : Json.object(model.get("vocab")).entrySet()) {
+            int id = (int) Json.number(e.getValue());
+            vocab.put(e.getKey(), id);
+            size = Math.max(size, id + 1);
+        }
+        List<Object> merges = Json.array(model.get("merges"));
+        for (int rank = 0; rank < merges.size(); rank++) {
+            Object m = merges.get(rank); // "a b" (older files) or ["a", "b"]
+            String key = m instanceof String ? (String) m : Json.array(m).get(0) + " " + Json.array(m).get(1);
+            mergeRank.putIfAbsent(key, rank);
+        }
+        for (Object t : Json.array(root.get("added_tokens"))) {
+            Map<String, Object> tok = Json.object(t);
+            int id = (int) Json.number(tok.get("id"));
+            special.put((String) tok.get("content"), id);
+            size = Math.max(size, id + 1);
+        }
+        idToToken = new String[size];
+        for (Map.Entry<String, Integer> e : vocab.entrySet()) idToToken[e.getValue()] = e.getKey();
+        for (Map.Entry<String, Integer> e : special.entrySet()) idToToken[e.getValue()] = e.getKey();
+    }
+
+    public int vocabSize() {
+        return idToToken.length;
+    }
+
+    public Integer specialId(String content) {
+        return special.get(content);
+    }
+
+    public int[] encode(String text) {
+        List<Integer> ids = new ArrayList<>();
+        int start = 0;
+        while (start < text.length()) { // special tokens in the text are matched literally, like tokenizers does
+            int at = text.length();
+            String found = null;
+            for (String s : special.keySet()) {
+                int k = text.indexOf(s, start);
+                if (k >= 0 && (k < at || (k == at && found != null && s.length() > found.length()))) { at = k; found = s; }
+            }
+            encodeOrdinary(text.substring(start, at), ids);
+            if (found == null) break;
+            ids.add(special.get(found));
+            start = at + found.length();
+        }
+        return ids.stream().mapToInt(Integer::intValue).toArray();
+    }
+
+    private void encodeOrdinary(String text, List<Integer> out) {
+        Matcher m = SPLIT.matcher(text);
+        while (m.find()) {
+            byte[] bytes = m.group().getBytes(StandardCharsets.UTF_8);
+            StringBuilder word = new StringBuilder();
+            for (byte b : bytes) word.append(BYTE_TO_CHAR[b & 0xFF]);
+            for (int id : cache.computeIfAbsent(word.toString(), this::bpe)) out.add(id);
+        }
+    }
+
+    /** Merge the pair with the lowest rank until none is left (the BPE model with its merges list). */
+    private int[] bpe(String word) {
+        List<String> parts = new ArrayList<>();
+        for (int i = 0; i < word.length(); i++) parts.add(String.valueOf(word.charAt(i)));
+        while (parts.size() > 1) {
+            int bestRank = Integer.MAX_VALUE, best = -1;
+            for (int i = 0; i + 1 < parts.size(); i++) {
+                Integer rank = mergeRank.get(parts.get(i) + " " + parts.get(i + 1));
+                if (rank != null && rank < bestRank) { bestRank = rank; best = i; }
+            }
+            if (best < 0) break;
+            parts.set(best, parts.get(best) + parts.remove(best + 1));
+        }
+        int[] ids = new int[parts.size()];
+        for (int i = 0; i < ids.length; i++) {
+            Integer id = vocab.get(parts.get(i));
+            if (id == null) throw new IllegalStateException("token not in vocabulary: " + parts.get(i));
+            ids[i] = id;
+        }
+        return ids;
+    }
+
+    /** Text of ids, special tokens skipped; an incomplete UTF-8 sequence becomes U+FFFD, as in Python. */
+    public String decode(int[] ids) {
+        ByteArrayOutputStream bytes = new ByteArrayOutputStream();
+        for (int id : ids) {
+            String token = id >= 0 && id < idToToken.length ? idToToken[id] : null;
+            if (token == null || special.containsKey(token)) continue;
+            for (int i = 0; i < token.length(); i++) {
+                Integer b = CHAR_TO_BYTE.get(token.charAt(i));
+                if (b != null) bytes.write(b);
+            }
+        }
+        return new String(bytes.toByteArray(), StandardCharsets.UTF_8);
+    }
+}

@@ -1,0 +1,229 @@
+package org.hrmedge.demo;
+
+import android.app.Activity;
+import android.os.Bundle;
+import android.os.Handler;
+import android.os.Looper;
+import android.text.Editable;
+import android.text.TextWatcher;
+import android.widget.Button;
+import android.widget.EditText;
+import android.widget.TextView;
+import java.io.File;
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.nio.file.Files;
+import java.util.List;
+import java.util.Locale;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import org.hrmedge.core.ByteLevelBpe;
+import org.hrmedge.core.GenerationStats;
+import org.hrmedge.core.ParityMetrics;
+import org.hrmedge.core.WebBundle;
+import org.hrmedge.core.WordSuggester;
+import org.pytorch.executorch.EValue;
+import org.pytorch.executorch.Module;
+import org.pytorch.executorch.Tensor;
+import org.pytorch.executorch.extension.llm.LlmCallback;
+import org.pytorch.executorch.extension.llm.LlmGenerationConfig;
+import org.pytorch.executorch.extension.llm.LlmModule;
+
+/**
+ * The phone demo on ExecuTorch: suggestions as you type, a streamed completion with tokens/s, and a
+ * self-test of the web parity bundle. Only UI and ExecuTorch calls live here; the rest is the plain-Java
+ * core (org.hrmedge.core), compiled and tested on the JDK by tests/test_android_core.py.
+ *
+ * Two handles on the same int8 KV .pte: LlmModule (ExecuTorch's runner: tokenizes, samples, streams text)
+ * for completion, and Module for suggestions and the self-test, which need logits. All model calls run on
+ * one background thread, one at a time.
+ */
+public class MainActivity extends Activity {
+    static final String PTE = "hrm.kv.pte", TOKENIZER = "tokenizer.json", BUNDLE = "web_bundle.bin";
+    static final int MAX_NEW_TOKENS = 64, SUGGEST_DEBOUNCE_MS = 120;
+
+    private final ExecutorService worker = Executors.newSingleThreadExecutor();
+    private final Handler ui = new Handler(Looper.getMainLooper());
+    private Module module;
+    private LlmModule llm;
+    private ByteLevelBpe tokenizer;
+    private WordSuggester suggester;
+    private int maxSeqLen;
+    private EditText text;
+    private TextView status, stats, suggestTime, selftestResult;
+    private final Button[] words = new Button[3];
+
+    @Override
+    protected void onCreate(Bundle state) {
+        super.onCreate(state);
+        setContentView(R.layout.activity_main);
+        text = findViewById(R.id.text);
+        status = findViewById(R.id.status);
+        stats = findViewById(R.id.stats);
+        suggestTime = findViewById(R.id.suggestTime);
+        selftestResult = findViewById(R.id.selftestResult);
+        words[0] = findViewById(R.id.word0);
+        words[1] = findViewById(R.id.word1);
+        words[2] = findViewById(R.id.word2);
+        findViewById(R.id.complete).setOnClickListener(v -> complete());
+        findViewById(R.id.stop).setOnClickListener(v -> { if (llm != null) llm.stop(); });
+        findViewById(R.id.selftest).setOnClickListener(v -> selfTest());
+        text.addTextChangedListener(new TextWatcher() {
+            @Override public void beforeTextChanged(CharSequence s, int a, int b, int c) {}
+            @Override public void onTextChanged(CharSequence s, int a, int b, int c) {}
+            @Override public void afterTextChanged(Editable s) {
+                ui.removeCallbacks(suggestRunnable);
+                ui.postDelayed(suggestRunnable, SUGGEST_DEBOUNCE_MS);
+            }
+        });
+        worker.execute(this::load);
+    }
+
+    /** ExecuTorch opens files by path: copy the assets (copy_artifacts.py put them there) into app storage. */
+    private File asset(String name) throws IOException {
+        File out = new File(getFilesDir(), name);
+        try (InputStream in = getAssets().open(name); FileOutputStream os = new FileOutputStream(out)) {
+            byte[] buf = new byte[1 << 16];
+            for (int n; (n = in.read(buf)) > 0; ) os.write(buf, 0, n);
+        }
+        return out;
+    }
+
+    private void load() {
+        try {
+            File pte = asset(PTE), tok = asset(TOKENIZER);
+            asset(BUNDLE);
+            long t = System.nanoTime();
+            module = Module.load(pte.getAbsolutePath());
+            maxSeqLen = (int) module.execute("get_max_seq_len")[0].toInt();
+            llm = new LlmModule(pte.getAbsolutePath(), tok.getAbsolutePath(), 0f);
+            llm.load();
+            tokenizer = new ByteLevelBpe(new String(Files.readAllBytes(tok.toPath()), "UTF-8"));
+            suggester = new WordSuggester(new PteStepModel(), tokenizer);
+            long ms = (System.nanoTime() - t) / 1_000_000;
+            ui.post(() -> { status.setText("int8 KV program loaded in " + ms + " ms"); suggestRunnable.run(); });
+        } catch (Exception e) {
+            ui.post(() -> status.setText("load failed: " + e));
+        }
+    }
+
+    /** The KV program through Module: forward(tokens [1, S], input_pos [1]) -> logits [1, S, V]. */
+    private final class PteStepModel implements WordSuggester.StepModel {
+        @Override
+        public float[] forward(int[] tokens, int start) {
+            long[] ids = new long[tokens.length];
+            for (int i = 0; i < ids.length; i++) ids[i] = tokens[i];
+            EValue[] out = module.forward(EValue.from(Tensor.fromBlob(ids, new long[] {1, ids.length})),
+                    EValue.from(Tensor.fromBlob(new long[] {start}, new long[] {1})));
+            float[] all = out[0].toTensor().getDataAsFloatArray();
+            int vocab = all.length / tokens.length;
+            return java.util.Arrays.copyOfRange(all, all.length - vocab, all.length);
+        }
+
+        @Override
+        public int maxSeqLen() {
+            return maxSeqLen;
+        }
+    }
+
+    private final Runnable suggestRunnable = () -> {
+        if (suggester == null) return;
+        String before = text.getText().subSequence(0, text.getSelectionStart()).toString();
+        worker.execute(() -> {
+            long t = System.nanoTime();
+            List<WordSuggester.Suggestion> found = suggester.suggest(before, 3);
+            long ms = (System.nanoTime() - t) / 1_000_000;
+            ui.post(() -> showSuggestions(found, ms));
+        });
+    };
+
+    private void showSuggestions(List<WordSuggester.Suggestion> found, long ms) {
+        for (int i = 0; i < words.length; i++) {
+            WordSuggester.Suggestion w = i < found.size() ? found.get(i) : null;
+            words[i].setText(w == null ? "" : w.label);
+            words[i].setEnabled(w != null);
+            words[i].setOnClickListener(v -> { if (w != null) text.getText().insert(text.getSelectionStart(), w.insert); });
+        }
+        suggestTime.setText(ms + " ms");
+    }
+
+    private void complete() {
+        if (llm == null) return;
+        int cursor = text.getSelectionStart();
+        String before = text.getText().subSequence(0, cursor).toString();
+        float temperature = parseOr(((EditText) findViewById(R.id.temperature)).getText().toString(), 0f);
+        int promptTokens = tokenizer.encode(before).length;
+        // executorch 1.4.1's generate(prompt, config, callback) passes seqLen (prompt + new tokens), not maxNewTokens
+        LlmGenerationConfig config = LlmGenerationConfig.create().echo(false).temperature(temperature)
+                .seqLen(Math.min(maxSeqLen, promptTokens + MAX_NEW_TOKENS)).build();
+        final int[] insertAt = {cursor};
+        worker.execute(() -> llm.generate(before, config, new LlmCallback() {
+            @Override public void onResult(String piece) {
+                ui.post(() -> { text.getText().insert(insertAt[0], piece); insertAt[0] += piece.length(); });
+            }
+
+            @Override public void onStats(String json) {
+                ui.post(() -> stats.setText(GenerationStats.parse(json).summary()));
+            }
+
+            @Override public void onError(int code, String message) {
+                ui.post(() -> stats.setText("error " + code + ": " + message));
+            }
+        }));
+    }
+
+    /** Run the web parity bundle through the program (prefill, then one decode step per token). */
+    private void selfTest() {
+        if (module == null) return;
+        selftestResult.setText("running…");
+        worker.execute(() -> {
+            try {
+                WebBundle b = WebBundle.read(Files.readAllBytes(new File(getFilesDir(), BUNDLE).toPath()));
+                long t = System.nanoTime();
+                float[] logits = runBundle(b);
+                ParityMetrics.Result r = ParityMetrics.check(logits, b, "int8");
+                long ms = (System.nanoTime() - t) / 1_000_000;
+                ui.post(() -> selftestResult.setText(String.format(Locale.ROOT,
+                        "max abs logit error %.2e (≤ %.2e)%ntop-1 agreement %.4f%nperplexity %.3f / %.3f%n%d positions, %d ms%n%s",
+                        r.maxAbsLogitError, r.absLimit, r.top1Agreement, r.perplexity, r.referencePerplexity,
+                        r.positions, ms, r.passed ? "PASSED" : "FAILED: " + r.reason)));
+            } catch (Exception e) {
+                ui.post(() -> selftestResult.setText("self-test could not run: " + e));
+            }
+        });
+    }
+
+    private float[] runBundle(WebBundle b) {
+        PteStepModel step = new PteStepModel();
+        float[] logits = new float[b.samples * b.seqLen * b.vocab];
+        for (int w = 0; w < b.samples; w++) {
+            int[] inputs = b.inputs(w);
+            // the prefill's logits of every position: Module returns [1, S, V]
+            long[] prefill = new long[b.prefillLen];
+            for (int i = 0; i < prefill.length; i++) prefill[i] = inputs[i];
+            float[] all = module.forward(EValue.from(Tensor.fromBlob(prefill, new long[] {1, prefill.length})),
+                    EValue.from(Tensor.fromBlob(new long[] {0}, new long[] {1})))[0].toTensor().getDataAsFloatArray();
+            System.arraycopy(all, 0, logits, w * b.seqLen * b.vocab, all.length);
+            for (int i = b.prefillLen; i < b.seqLen; i++) {
+                float[] row = step.forward(new int[] {inputs[i]}, i);
+                System.arraycopy(row, 0, logits, (w * b.seqLen + i) * b.vocab, b.vocab);
+            }
+        }
+        return logits;
+    }
+
+    private static float parseOr(String s, float fallback) {
+        try {
+            return Float.parseFloat(s);
+        } catch (NumberFormatException e) {
+            return fallback;
+        }
+    }
+
+    @Override
+    protected void onDestroy() {
+        worker.shutdownNow();
+        super.onDestroy();
+    }
+}

@@ -1,0 +1,54 @@
+package org.hrmedge.core;
+
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.List;
+import java.util.StringJoiner;
+
+/**
+ * The core's numbers on this machine's JVM, for tests/test_android_core.py to compare with Python:
+ *   parity BUNDLE LOGITS PRECISION   logits: raw little-endian float32 [samples * seqLen * vocab]; prints JSON
+ *   tokenize TOKENIZER_JSON TEXTS    texts: a JSON array of strings; prints one line of ids and one decoded
+ *                                    JSON string per text
+ */
+public final class CoreCli {
+    private CoreCli() {}
+
+    public static void main(String[] args) throws IOException {
+        if (args.length == 4 && args[0].equals("parity")) {
+            WebBundle bundle = WebBundle.read(Files.readAllBytes(Path.of(args[1])));
+            byte[] raw = Files.readAllBytes(Path.of(args[2]));
+            float[] logits = new float[raw.length / 4];
+            ByteBuffer.wrap(raw).order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer().get(logits);
+            System.out.println(ParityMetrics.check(logits, bundle, args[3]).toJson());
+        } else if (args.length == 3 && args[0].equals("tokenize")) {
+            ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
+            List<Object> texts = Json.array(Json.parse(Files.readString(Path.of(args[2]), StandardCharsets.UTF_8)));
+            for (Object text : texts) {
+                int[] ids = tok.encode((String) text);
+                StringJoiner line = new StringJoiner(",", "[", "]");
+                for (int id : ids) line.add(Integer.toString(id));
+                System.out.println(line);
+                System.out.println(quote(tok.decode(ids)));
+            }
+        } else {
+            System.err.println("usage: CoreCli parity BUNDLE LOGITS PRECISION | tokenize TOKENIZER_JSON TEXTS_JSON");
+            System.exit(2);
+        }
+    }
+
+    /** A JSON string literal (non-ASCII escaped, so the console encoding cannot alter it). */
+    static String quote(String s) {
+        StringBuilder out = new StringBuilder("\"");
+        for (char c : s.toCharArray()) {
+            if (c == '"' || c == '\\') out.append('\\').append(c);
+            else if (c < 0x20 || c > 0x7e) out.append(String.format("\\u%04x", (int) c));
+            else out.append(c);
+        }
+        return out.append('"').toString();
+    }
+}

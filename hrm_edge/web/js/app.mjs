@@ -1,0 +1,208 @@
+// The page: wires the text box, suggestion bar, Complete button and Self-test to the modules above.
+// Everything runs in this browser; the server (hrm_edge/demo.py) only hands out files. /demo.json says
+// which models, tokenizer and web parity bundle this export has.
+import { generate } from "./generate.mjs";
+import { KvModel, fetchOk, loadTokenizer, runtimeInfo } from "./model.mjs";
+import { loadWebBundle, selfTest } from "./selftest.mjs";
+import { TypedContext, suggestWords } from "./suggest.mjs";
+
+const $ = (id) => document.getElementById(id);
+const SUGGEST_DEBOUNCE_MS = 120; // wait for a pause in typing: one suggestion run per burst of keys
+const state = { config: null, tokenizer: null, model: null, modelInfo: null, context: null, bundle: null,
+                busy: false, stop: false, suggestTimer: 0, suggesting: null };
+// read by tests/test_demo.py (and handy in the browser console)
+window.hrmDemo = { lastCompletion: null, lastSelfTest: null, lastSuggestions: null, state };
+
+function setStatus(text, error = false) {
+  $("status").textContent = text;
+  $("status").classList.toggle("error", error);
+}
+
+function setBusy(busy) {
+  state.busy = busy;
+  for (const id of ["complete", "selftest", "model"]) $(id).disabled = busy || !state.model;
+  $("stop").disabled = !busy;
+}
+
+// Hand the event loop a turn (so text and numbers repaint) without setTimeout's 4 ms clamp.
+function yieldToBrowser() {
+  return new Promise((resolve) => {
+    const channel = new MessageChannel();
+    channel.port1.onmessage = () => resolve();
+    channel.port2.postMessage(0);
+  });
+}
+
+async function selectModel(id) {
+  const info = state.config.models.find((m) => m.id === id);
+  setBusy(true);
+  $("status").dataset.ready = "";
+  setStatus(`loading ${info.id}…`);
+  const t = performance.now();
+  state.model = await KvModel.load(info.url, state.config.max_seq_len);
+  state.modelInfo = info;
+  state.context = new TypedContext(state.model);
+  const gate = info.passed ? "passed the export's parity gate" : "FAILED the export's parity gate";
+  setStatus(`${info.id} loaded in ${Math.round(performance.now() - t)} ms (${gate})`, !info.passed);
+  $("status").dataset.ready = "1";
+  $("status").dataset.model = info.id;
+  const rt = runtimeInfo();
+  $("runtime").textContent = `onnxruntime-web ${rt.version}, WASM, ${rt.threads || "auto"} thread(s), ` +
+    `cross-origin isolated: ${rt.isolated ? "yes" : "no (one thread)"}`;
+  setBusy(false);
+  scheduleSuggestions();
+}
+
+function textBeforeCursor() {
+  const box = $("text");
+  return box.value.slice(0, box.selectionStart);
+}
+
+function scheduleSuggestions() {
+  clearTimeout(state.suggestTimer);
+  state.suggestTimer = setTimeout(showSuggestions, SUGGEST_DEBOUNCE_MS);
+}
+
+async function showSuggestions() {
+  if (state.busy || !state.model) return;
+  if (state.suggesting) { scheduleSuggestions(); return; } // one run at a time; retry after it
+  const text = textBeforeCursor();
+  state.suggesting = suggestWords(state.context, state.tokenizer, text);
+  try {
+    const { words, ms } = await state.suggesting;
+    if (text !== textBeforeCursor()) return; // typed on meanwhile: a newer run is scheduled
+    const chips = words.map((w) => {
+      const chip = document.createElement("button");
+      chip.className = "suggestion";
+      chip.textContent = w.label;
+      chip.title = `p = ${w.probability.toFixed(3)}`;
+      chip.onclick = () => insertAtCursor(w.insert);
+      return chip;
+    });
+    $("suggestions").replaceChildren(...chips);
+    $("suggest-time").textContent = `${Math.round(ms)} ms`;
+    window.hrmDemo.lastSuggestions = { text, words, ms };
+  } finally {
+    state.suggesting = null;
+  }
+}
+
+function insertAtCursor(insert) {
+  const box = $("text");
+  box.setRangeText(insert, box.selectionStart, box.selectionEnd, "end");
+  box.focus();
+  scheduleSuggestions();
+}
+
+function completionSettings() {
+  return { maxNewTokens: Math.max(1, parseInt($("max-new").value, 10) || 64),
+           temperature: Math.max(0, parseFloat($("temperature").value) || 0),
+           topK: Math.max(0, parseInt($("top-k").value, 10) || 0), seed: 0, eosId: state.config.tokenizer.eos_id };
+}
+
+async function complete() {
+  const box = $("text");
+  const before = textBeforeCursor(), after = box.value.slice(box.selectionStart);
+  let prompt = state.tokenizer.encode(before);
+  if (prompt.length === 0) { setStatus("type something to complete first", true); return; }
+  const room = state.model.maxSeqLen - 1; // at least one new token
+  const truncated = prompt.length > room;
+  if (truncated) prompt = prompt.slice(prompt.length - room);
+  setBusy(true);
+  state.stop = false;
+  $("suggestions").replaceChildren();
+  const newIds = [];
+  let shown = "", lastPaint = performance.now();
+  const onToken = async (token) => {
+    newIds.push(token);
+    const text = state.tokenizer.decode(newIds);
+    if (!text.endsWith("\ufffd")) shown = text; // wait until a multi-byte character is complete
+    if (performance.now() - lastPaint > 40) {
+      box.value = before + shown + after;
+      lastPaint = performance.now();
+      await yieldToBrowser();
+    }
+  };
+  try {
+    const g = await generate(state.model, prompt, completionSettings(), onToken, () => state.stop);
+    shown = state.tokenizer.decode(newIds);
+    box.value = before + shown + after;
+    box.setSelectionRange(before.length + shown.length, before.length + shown.length);
+    $("stats").textContent = `${g.tokens.length} tokens, decode ${g.decodeTokensPerS.toFixed(0)} tokens/s, ` +
+      `prefill ${prompt.length} tokens at ${g.prefillTokensPerS.toFixed(0)} tokens/s (stopped at ${g.stoppedAt}` +
+      `${truncated ? "; prompt cut to the context" : ""})`;
+    window.hrmDemo.lastCompletion = { prompt: before, ids: g.tokens, text: shown, ...g };
+  } catch (e) {
+    setStatus(`completion failed: ${e.message}`, true);
+  } finally {
+    setBusy(false);
+    scheduleSuggestions(); // the next words after the completed text
+  }
+}
+
+function renderSelfTest(r) {
+  const t = r.tolerance;
+  const rows = [
+    ["max abs logit error", `${r.max_abs_logit_error.toExponential(2)} (≤ ${r.abs_limit.toExponential(2)})`],
+    ["top-1 agreement", `${r.top1_agreement.toFixed(4)} (≥ ${t.min_top1})`],
+    ["perplexity / reference", `${r.perplexity.toFixed(3)} / ${r.reference_perplexity.toFixed(3)} ` +
+      `(ratio ≤ ${t.max_ppl_ratio})`],
+    ["positions, time", `${r.positions}, ${Math.round(r.ms)} ms`],
+  ];
+  const table = document.createElement("table");
+  for (const [name, value] of rows) table.insertRow().append(...[name, value].map(cell));
+  const verdict = document.createElement("div");
+  verdict.className = `verdict ${r.passed ? "passed" : "failed"}`;
+  verdict.textContent = r.passed ? `PASSED (${state.modelInfo.id})` : `FAILED (${state.modelInfo.id}): ${r.reason}`;
+  $("selftest-result").replaceChildren(table, verdict);
+  $("selftest-result").dataset.passed = r.passed ? "1" : "0";
+}
+
+function cell(text) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  return td;
+}
+
+async function runSelfTest() {
+  setBusy(true);
+  $("selftest-result").dataset.passed = "";
+  try {
+    state.bundle ??= await loadWebBundle(state.config.web_bundle.url);
+    const progress = (done, total) => { $("selftest-progress").textContent = `window ${done}/${total}`; };
+    const r = await selfTest(state.model, state.bundle, state.modelInfo.precision, progress);
+    window.hrmDemo.lastSelfTest = { model: state.modelInfo.id, ...r };
+    renderSelfTest(r);
+  } catch (e) {
+    $("selftest-result").textContent = `self-test could not run: ${e.message}`;
+    $("selftest-result").dataset.passed = "0";
+  } finally {
+    $("selftest-progress").textContent = "";
+    setBusy(false);
+  }
+}
+
+async function main() {
+  state.config = await fetchOk("/demo.json").then((r) => r.json());
+  state.tokenizer = await loadTokenizer(state.config.tokenizer.url);
+  const select = $("model");
+  for (const m of state.config.models) {
+    select.add(new Option(m.passed ? m.label : `${m.label}, failed parity gate`, m.id));
+  }
+  select.value = state.config.default_model;
+  select.onchange = () => selectModel(select.value).catch(fail);
+  $("text").disabled = false;
+  $("text").addEventListener("input", scheduleSuggestions);
+  $("text").addEventListener("click", scheduleSuggestions);
+  $("complete").onclick = complete;
+  $("stop").onclick = () => { state.stop = true; };
+  $("selftest").onclick = runSelfTest;
+  await selectModel(select.value);
+}
+
+function fail(e) {
+  setStatus(`error: ${e.message}`, true);
+  setBusy(false);
+}
+
+main().catch(fail);

@@ -1,0 +1,96 @@
+// The tokenizer and the ONNX KV-cache graph in the browser (onnxruntime-web, WASM backend).
+//
+// The graph (hrm_edge/export_onnx.py, "kv_cache" program):
+//   inputs  tokens int64 [1, S], past_k / past_v float32 [T, 1, H, P, hd]
+//   outputs logits float32 [1, S, V], present_k / present_v [T, 1, H, P + S, hd]
+// A call's presents are the next call's pasts. Pasts are immutable values, so branching (trying several
+// next tokens for suggestions) is just calling again with the same past. Python twin: hrm_edge/generate.py
+// OnnxDecoder.
+import * as ort from "onnxruntime-web";
+import { Tokenizer } from "@huggingface/tokenizers";
+
+// The WASM runtime files are served next to ort.wasm.min.mjs (hrm_edge/demo.py VENDOR_FILES).
+ort.env.wasm.wasmPaths = "/vendor/ort/";
+const threads = new URLSearchParams(location.search).get("threads");
+if (threads !== null) ort.env.wasm.numThreads = Number(threads);
+
+export async function loadTokenizer(url) {
+  const json = await fetchOk(url).then((r) => r.json());
+  const tokenizer = new Tokenizer(json, {});
+  return {
+    // add_special_tokens false and skip_special_tokens true: what hrm_edge.complete does in Python
+    encode: (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
+    decode: (ids) => tokenizer.decode(ids, { skip_special_tokens: true }),
+  };
+}
+
+export async function fetchOk(url) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
+  return response;
+}
+
+export class KvModel {
+  // Use KvModel.load(url, maxSeqLen).
+  constructor(session, maxSeqLen) {
+    this.session = session;
+    this.maxSeqLen = maxSeqLen;
+    const meta = session.inputMetadata.find((m) => m.name === "past_k");
+    // [T, 1, H, P, hd]: T, H and hd are fixed numbers in the graph, P is symbolic
+    [this.T, , this.H, , this.hd] = meta.shape;
+    this.queue = Promise.resolve(); // one run at a time: a session cannot run twice concurrently
+  }
+
+  static async load(url, maxSeqLen) {
+    const bytes = new Uint8Array(await fetchOk(url).then((r) => r.arrayBuffer()));
+    const session = await ort.InferenceSession.create(bytes, { executionProviders: ["wasm"] });
+    return new KvModel(session, maxSeqLen);
+  }
+
+  emptyPast() {
+    const dims = [this.T, 1, this.H, 0, this.hd];
+    return { k: new ort.Tensor("float32", new Float32Array(0), dims),
+             v: new ort.Tensor("float32", new Float32Array(0), dims), length: 0 };
+  }
+
+  // tokens: int[] at positions past.length ... ; returns {logits: Float32Array [S * V], vocab, past}.
+  run(tokens, past) {
+    if (past.length + tokens.length > this.maxSeqLen) {
+      return Promise.reject(new Error(`context full: ${past.length} + ${tokens.length} > ${this.maxSeqLen}`));
+    }
+    const job = this.queue.then(async () => {
+      const feeds = {
+        tokens: new ort.Tensor("int64", BigInt64Array.from(tokens, BigInt), [1, tokens.length]),
+        past_k: past.k, past_v: past.v,
+      };
+      const out = await this.session.run(feeds);
+      const vocab = out.logits.dims[2];
+      return { logits: out.logits.data, vocab,
+               past: { k: out.present_k, v: out.present_v, length: past.length + tokens.length } };
+    });
+    this.queue = job.catch(() => {});
+    return job;
+  }
+
+  // The first n positions of a past (to reuse the cache of a common prefix of an edited text).
+  slicePast(past, n) {
+    if (n === past.length) return past;
+    const slice = (tensor) => {
+      const src = tensor.data, block = past.length * this.hd, keep = n * this.hd;
+      const dst = new Float32Array(this.T * this.H * keep);
+      for (let b = 0; b < this.T * this.H; b++) dst.set(src.subarray(b * block, b * block + keep), b * keep);
+      return new ort.Tensor("float32", dst, [this.T, 1, this.H, n, this.hd]);
+    };
+    return { k: slice(past.k), v: slice(past.v), length: n };
+  }
+}
+
+// Row i of a [S * V] logits array.
+export function row(logits, vocab, i) {
+  return logits.subarray(i * vocab, (i + 1) * vocab);
+}
+
+export function runtimeInfo() {
+  return { isolated: globalThis.crossOriginIsolated === true, threads: ort.env.wasm.numThreads,
+           version: ort.env.versions?.web ?? "?" };
+}

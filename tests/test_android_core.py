@@ -1,0 +1,157 @@
+"""The Android app's plain-Java core (android_demo/app/src/main/java/org/hrmedge/core): compiled with the JDK,
+its JUnit 4 tests run, and its numbers compared with Python's on the same files (web parity bundle metrics,
+tokenizer ids). CI does not read JUnit's summary, so pytest parses it and fails on any failure or no tests."""
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from hrm_edge.web_bundle import check_web_bundle, kv_logits, read_web_bundle, write_web_bundle
+from test_web_bundle import synthetic_export
+
+APP = REPO / "android_demo" / "app" / "src"
+JUNIT = [Path("/usr/share/java/junit4.jar"), Path("/usr/share/java/hamcrest-core.jar")]
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory) -> Path:
+    """The core and its tests compiled into one folder."""
+    assert shutil.which("javac"), "javac not found: apt-get install default-jdk-headless (.ci/run does)"
+    missing = [str(j) for j in JUNIT if not j.is_file()]
+    assert not missing, f"{missing} missing: apt-get install junit4 (.ci/run does)"
+    out = tmp_path_factory.mktemp("java_classes")
+    sources = sorted(APP.glob("main/java/org/hrmedge/core/*.java")) + sorted(APP.glob("test/java/org/hrmedge/core/*.java"))
+    proc = subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(out), "-cp", ":".join(map(str, JUNIT)),
+                           *map(str, sources)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def java(classes: Path, *args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run(["java", "-cp", ":".join([str(classes), *map(str, JUNIT)]), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_core_has_no_android_imports():
+    for path in APP.glob("main/java/org/hrmedge/core/*.java"):
+        imports = re.findall(r"^import\s+([\w.]+)", path.read_text(), re.M)
+        assert all(i.startswith("java.") for i in imports), (path.name, imports)
+
+
+def test_junit_tests_pass(classes):
+    test_files = sorted(APP.glob("test/java/org/hrmedge/core/*Test.java"))
+    expected = sum(len(re.findall(r"@Test\b", p.read_text())) for p in test_files)
+    proc = java(classes, "org.junit.runner.JUnitCore", *[f"org.hrmedge.core.{p.stem}" for p in test_files])
+    ok = re.search(r"^OK \((\d+) tests?\)", proc.stdout, re.M)
+    assert proc.returncode == 0 and ok, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert int(ok.group(1)) == expected >= 15, (ok.group(1), expected)  # every @Test ran, none skipped
+
+
+def java_parity(classes, bundle: Path, logits: np.ndarray, precision: str, tmp_path: Path) -> dict:
+    raw = tmp_path / f"logits.{precision}.f32"
+    raw.write_bytes(np.ascontiguousarray(logits, dtype="<f4").tobytes())
+    proc = java(classes, "org.hrmedge.core.CoreCli", "parity", bundle, raw, precision)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def assert_same_metrics(got: dict, want: dict):
+    assert got["passed"] == want["passed"], (got, want)
+    assert got["top1_agreement"] == pytest.approx(want["top1_agreement"], abs=1e-12)
+    assert got["max_abs_logit_error"] == pytest.approx(want["max_abs_logit_error"], rel=1e-6, abs=1e-9)
+    assert got["logit_range"] == pytest.approx(want["logit_range"], rel=1e-7)
+    assert got["perplexity"] == pytest.approx(want["perplexity"], rel=1e-9)
+    assert got["reference_perplexity"] == pytest.approx(want["reference_perplexity"], rel=1e-9)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_java_metrics_equal_hrm_edge_parity(classes, tmp_path, precision):
+    """A bundle written by hrm_edge.web_bundle, and logits off by noise with a few flipped argmaxes."""
+    manifest, bundle = synthetic_export(vocab=512)
+    web = read_web_bundle(write_web_bundle(tmp_path, manifest, bundle))
+    rng = np.random.default_rng(3)
+    logits = web.logits + 0.02 * rng.standard_normal(web.logits.shape).astype(np.float32)
+    logits[0, :3] = rng.standard_normal((3, 512)).astype(np.float32)  # three positions off entirely
+    want = check_web_bundle(logits, web, precision)
+    got = java_parity(classes, tmp_path / "web_bundle.bin", logits, precision, tmp_path)
+    assert_same_metrics(got, want)
+    assert 0.9 < got["top1_agreement"] < 1.0 and not got["passed"]  # the fixture really disagrees somewhere
+
+
+def test_java_tokenizer_equals_python_tokenizers(classes, tmp_path):
+    """The shipped model's tokenizer.json: the same ids as HF tokenizers, and the same decoded text."""
+    from hrm_edge.tokenizer import load_tokenizer
+
+    path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
+    texts = [(REPO / "hrm_edge" / "generate.py").read_text()[:3000], "import os\ndef ", "x = 'it''s'  \n\n\t  y",
+             "naïve café — 日本語 😀 1234567 3.14", "<|bos|>start<|eos|>", "    return self._cache[key]  # héllo\r\n"]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    proc = java(classes, "org.hrmedge.core.CoreCli", "tokenize", path, tmp_path / "texts.json")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    tok = load_tokenizer(path)
+    for i, text in enumerate(texts):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        assert json.loads(lines[2 * i]) == ids, text[:60]
+        assert json.loads(lines[2 * i + 1]) == tok.decode(ids), text[:60]
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx_export(tmp_path_factory):
+    """The tiny preset exported to ONNX only. The test below compares Java's numbers with Python's on whatever
+    the int8 graph computes, so the export's own parity verdict (exit code) does not matter here; the files do."""
+    from conftest import run_module
+
+    out = tmp_path_factory.mktemp("tiny_onnx")
+    proc = run_module("hrm_edge.export", "--preset", "tiny", "--formats", "onnx", "--out", out, "--no-progress",
+                      timeout=1800)
+    assert (out / "manifest.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_java_metrics_on_a_real_int8_artifact(classes, tiny_onnx_export, tmp_path):
+    """A web bundle from a real export and the logits its int8 KV graph gives in onnxruntime."""
+    from hrm_edge.parity import load_bundle, read_manifest
+
+    manifest = read_manifest(tiny_onnx_export)
+    path = write_web_bundle(tmp_path, manifest, load_bundle(tiny_onnx_export / manifest["parity_bundle"]["path"]))
+    web = read_web_bundle(path)
+    art = next(a for a in manifest["artifacts"]
+               if a["program"] == "kv_cache" and a["format"] == "onnx" and a["precision"] == "int8")
+    logits = kv_logits(tiny_onnx_export / art["path"], web)
+    want = check_web_bundle(logits, web, "int8")
+    got = java_parity(classes, path, logits, "int8", tmp_path)
+    assert_same_metrics(got, want)
+
+
+def test_copy_artifacts_into_the_app(tmp_path):
+    """android_demo/copy_artifacts.py: the int8 KV .pte, tokenizer.json and a web bundle, sha256-checked."""
+    import sys
+
+    from hrm_edge.io import sha256_file
+    from test_demo import edit_manifest, fake_export
+    from test_cli_errors import assert_user_error
+
+    root = fake_export(tmp_path / "e")
+    script = REPO / "android_demo" / "copy_artifacts.py"
+    run = lambda *a: subprocess.run([sys.executable, str(script), *map(str, a)], capture_output=True, text=True,
+                                    timeout=120)
+    assert_user_error(run(root, "--assets", tmp_path / "assets"), "no int8 KV-cache .pte")
+    (root / "hrm.int8.kv.pte").write_bytes(b"a program")
+    pte = {"path": "hrm.int8.kv.pte", "format": "pte", "precision": "int8", "program": "kv_cache",
+           "sha256": sha256_file(root / "hrm.int8.kv.pte")}
+    edit_manifest(root, lambda m: m["artifacts"].append(pte))
+    proc = run(root, "--assets", tmp_path / "assets")
+    assert proc.returncode == 0, proc.stderr
+    assets = tmp_path / "assets"
+    assert (assets / "hrm.kv.pte").read_bytes() == b"a program"
+    assert (assets / "tokenizer.json").read_bytes() == (root / "tokenizer.json").read_bytes()
+    assert read_web_bundle(assets / "web_bundle.bin").header["prefill_len"] == 4
+    (root / "hrm.int8.kv.pte").write_bytes(b"b program")
+    assert_user_error(run(root, "--assets", tmp_path / "assets"), "hrm.int8.kv.pte does not match the sha256")

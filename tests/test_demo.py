@@ -1,0 +1,326 @@
+"""python -m hrm_edge.demo: the CLI's one-line errors, the server's file table, and (slow) the page in a real
+headless Chromium at a phone's viewport against the shipped default model's ONNX export."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from functools import partial
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, run_module
+from hrm_edge.io import sha256_file
+from test_cli_errors import assert_user_error
+
+CHROMIUM = "/usr/bin/chromium"
+# flags that work for Debian's chromium as root in a container (no sandbox, no GPU, no network chatter)
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
+PROMPT = "import os\ndef "
+
+
+# ---- a small fake export: what export_routes reads, with consistent sha256s ----
+def fake_export(root: Path, kv: bool = True) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    (root / "tokenizer.json").write_text('{"model": {}}')
+    np.savez(root / "parity_bundle.npz", windows=rng.integers(0, 64, (2, 17)),
+             fp32_logits=rng.standard_normal((2, 16, 64)).astype(np.float32))
+    (root / "m.kv.onnx").write_bytes(b"not really onnx")
+    arts = [{"path": "m.kv.onnx", "format": "onnx", "precision": "fp32", "program": "kv_cache" if kv else "full_sequence",
+             "prefill_len": 4, "bytes": 15, "sha256": sha256_file(root / "m.kv.onnx"), "parity": {"x86_64": {"passed": True}}}]
+    tol = {"rel_max_abs": 1e-4, "min_top1": 0.999, "max_ppl_ratio": 1.001}
+    manifest = {"format_version": 1, "model": {"max_seq_len": 32, "vocab_size": 64}, "artifacts": arts,
+                "tokenizer": {"path": "tokenizer.json", "sha256": sha256_file(root / "tokenizer.json"), "eos_id": 1},
+                "parity_bundle": {"path": "parity_bundle.npz", "sha256": sha256_file(root / "parity_bundle.npz")},
+                "tolerances": {"fp32_vs_fp32_eager": tol, "int8_vs_fp32_eager": tol}, "passed": True}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+def edit_manifest(root: Path, edit) -> None:
+    manifest = json.loads((root / "manifest.json").read_text())
+    edit(manifest)
+    (root / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_not_an_export_folder(tmp_path):
+    assert_user_error(run_module("hrm_edge.demo", tmp_path), "no manifest.json")
+    assert_user_error(run_module("hrm_edge.demo", tmp_path / "nope"), "export folder not found")
+
+
+def test_export_without_onnx_kv_artifact(tmp_path):
+    assert_user_error(run_module("hrm_edge.demo", fake_export(tmp_path / "e", kv=False)), "no ONNX KV-cache artifact")
+
+
+def test_sha256_mismatch_names_the_file(tmp_path):
+    root = fake_export(tmp_path / "e")
+    (root / "m.kv.onnx").write_bytes(b"changed bytes!!")
+    assert_user_error(run_module("hrm_edge.demo", root), "m.kv.onnx does not match the sha256", "--no-verify")
+
+
+def test_paths_outside_the_folder_are_refused(tmp_path):
+    root = fake_export(tmp_path / "e")
+    (tmp_path / "outside.onnx").write_bytes(b"x")
+    edit_manifest(root, lambda m: m["artifacts"][0].update(path="../outside.onnx"))
+    assert_user_error(run_module("hrm_edge.demo", root), "not a plain path inside")
+    (root / "link.kv.onnx").symlink_to(tmp_path / "outside.onnx")
+    edit_manifest(root, lambda m: m["artifacts"][0].update(path="link.kv.onnx"))
+    assert_user_error(run_module("hrm_edge.demo", root, "--no-verify"), "link to a file outside")
+
+
+def test_modified_web_bundle_is_refused(tmp_path):
+    """Until the export lists the web bundle in the manifest, the demo checks it against the bytes it must have
+    (rebuilt from the sha256-checked parity bundle)."""
+    from hrm_edge.demo import export_routes
+    from hrm_edge.parity import read_manifest
+
+    root = fake_export(tmp_path / "e")
+    routes, config = export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
+    bundle = root / "web_bundle.bin"
+    assert routes["/export/web_bundle.bin"] == bundle and bundle.is_file()  # written on first use
+    assert config["default_model"] == "m.kv.onnx" and config["max_seq_len"] == 32
+    assert set(routes) == {"/export/tokenizer.json", "/export/m.kv.onnx", "/export/web_bundle.bin"}
+    data = bytearray(bundle.read_bytes())
+    data[-1] ^= 0x40
+    bundle.write_bytes(bytes(data))
+    assert_user_error(run_module("hrm_edge.demo", root), "web_bundle.bin does not match", "--no-verify")
+
+
+def test_missing_npm_is_one_error_line(tmp_path):
+    root = fake_export(tmp_path / "e")
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATH=str(tmp_path / "empty-bin"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "hrm_edge.demo", str(root)], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=120)
+    assert_user_error(proc, "npm not found")
+
+
+def test_server_serves_its_table_only(tmp_path):
+    """Known URLs with COOP/COEP and the right MIME types; everything else (listing, `..`) is a 404."""
+    from hrm_edge.demo import DemoHandler
+
+    (tmp_path / "a.mjs").write_text("export const a = 1;")
+    (tmp_path / "b.wasm").write_bytes(b"\0asm")
+    (tmp_path / "secret.txt").write_text("no")
+    routes = {"/app/js/a.mjs": tmp_path / "a.mjs", "/vendor/ort/b.wasm": tmp_path / "b.wasm"}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(DemoHandler, routes=routes, config=b"{}", quiet=True))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with urllib.request.urlopen(base + "/app/js/a.mjs") as r:
+            assert r.headers["Content-Type"].startswith("text/javascript") and r.read() == b"export const a = 1;"
+            assert r.headers["Cross-Origin-Opener-Policy"] == "same-origin"
+            assert r.headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+        with urllib.request.urlopen(base + "/vendor/ort/b.wasm") as r:
+            assert r.headers["Content-Type"] == "application/wasm"
+        for bad in ("/app/js/", "/app/js/../../secret.txt", "/app/js/%2e%2e/secret.txt", "/secret.txt", "//etc/passwd"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(base + bad)
+            assert e.value.code == 404, bad
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ---- the page in a real browser (slow) ----
+@pytest.fixture(scope="module")
+def default_export(tmp_path_factory):
+    """The shipped default model exported to ONNX only (fp32 + int8 KV graphs and their .ort; a few minutes)."""
+    out = tmp_path_factory.mktemp("demo_export")
+    proc = run_module("hrm_edge.export", "--formats", "onnx", "--out", out, "--no-progress", timeout=1800)
+    manifest = json.loads((out / "manifest.json").read_text())
+    fp32_kv = next(a for a in manifest["artifacts"] if a["path"] == "hrm.fp32.kv.onnx")
+    # the page needs the fp32 KV graph to pass; an int8 failure is checked below against Python's verdict
+    assert all(r["passed"] for r in fp32_kv["parity"].values()), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+class DemoServer:
+    def __init__(self, export_dir: Path, *args):
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-m", "hrm_edge.demo", str(export_dir), "--port", "0", "--quiet",
+                                      *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+        self.log = []
+        # npm ci on first use can take a minute; a server that never prints its address is killed, not waited on
+        watchdog = threading.Timer(600, self.proc.kill)
+        watchdog.start()
+        try:
+            self._wait_for_address()
+        finally:
+            watchdog.cancel()
+
+    def _wait_for_address(self):
+        for line in self.proc.stdout:
+            self.log.append(line)
+            if line.startswith("open "):
+                self.url = line.split()[1]
+                return
+        raise AssertionError("demo server did not start:\n" + "".join(self.log))
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    playwright = pytest.importorskip("playwright.sync_api", reason="pip install '.[test]' installs playwright")
+    assert Path(CHROMIUM).is_file(), "Debian's chromium is missing: apt-get install chromium (.ci/run does)"
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, url):
+    page = browser.new_page(**PHONE)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_function("document.getElementById('status').dataset.ready === '1'", timeout=120_000)
+    assert not errors, errors
+    return page
+
+
+def run_self_test(page) -> dict:
+    page.evaluate("document.getElementById('selftest-result').dataset.passed = ''")
+    page.click("#selftest")
+    page.wait_for_function("document.getElementById('selftest-result').dataset.passed", timeout=300_000)
+    return page.evaluate("window.hrmDemo.lastSelfTest")
+
+
+def select_model(page, model_id):
+    page.select_option("#model", model_id)
+    page.wait_for_function("(id) => document.getElementById('status').dataset.model === id && "
+                           "document.getElementById('status').dataset.ready === '1'", arg=model_id, timeout=120_000)
+
+
+def python_self_test(export_dir: Path, model_id: str) -> dict:
+    from hrm_edge.web_bundle import check_web_bundle, kv_logits, read_web_bundle
+
+    web = read_web_bundle(export_dir / "web_bundle.bin")
+    precision = "int8" if "int8" in model_id else "fp32"
+    return check_web_bundle(kv_logits(export_dir / model_id, web), web, precision)
+
+
+def int8_reference_self_test(export_dir: Path, model_id: str) -> dict:
+    """The Self-test's numbers had the int8 program computed exactly its eager int8 reference."""
+    from hrm_edge.parity import load_bundle, read_manifest
+    from hrm_edge.web_bundle import check_web_bundle, read_web_bundle
+
+    manifest = read_manifest(export_dir)
+    art = next(a for a in manifest["artifacts"] if a["path"] == model_id)
+    web = read_web_bundle(export_dir / "web_bundle.bin")
+    n, s = web.logits.shape[:2]
+    reference = load_bundle(export_dir / "parity_bundle.npz")[f"reference/{art['reference']}"][:n, :s]
+    return check_web_bundle(reference, web, "int8")
+
+
+@pytest.mark.slow
+def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
+    server = DemoServer(default_export)
+    try:
+        page = open_page(browser, server.url)
+        # suggestions after typing
+        page.fill("#text", "import o")
+        page.wait_for_function("window.hrmDemo.lastSuggestions && window.hrmDemo.lastSuggestions.text === 'import o'",
+                               timeout=60_000)
+        chips = page.locator("#suggestions button.suggestion").all_inner_texts()
+        assert 1 <= len(chips) <= 3 and all(chips), chips
+        assert "os" in [c.strip() for c in chips] or any(c.startswith("o") for c in chips), chips
+        assert page.inner_text("#suggest-time").endswith("ms")
+
+        # greedy completion == python -m hrm_edge.complete --runtime onnx (fp32, 64 new tokens)
+        select_model(page, "hrm.fp32.kv.onnx")
+        page.fill("#text", PROMPT)
+        page.fill("#temperature", "0")
+        page.fill("#top-k", "0")
+        page.fill("#max-new", "64")
+        page.click("#complete")
+        page.wait_for_function("window.hrmDemo.lastCompletion", timeout=120_000)
+        cli = run_module("hrm_edge.complete", "--artifacts", default_export, "--runtime", "onnx", "--max-new-tokens", "64",
+                         PROMPT)
+        assert cli.returncode == 0, cli.stderr
+        expected = cli.stdout.rsplit("\n", 2)[0]  # prompt + continuation; then the stats line
+        assert page.input_value("#text") == expected
+        completion = page.evaluate("window.hrmDemo.lastCompletion")
+        assert len(completion["ids"]) == 64 and completion["decodeTokensPerS"] > 0
+        print(f"browser greedy decode: {completion['decodeTokensPerS']:.0f} tokens/s; {page.inner_text('#stats')}")
+
+        # self-test: fp32 passes, with the numbers Python computes on the same bundle
+        fp32 = run_self_test(page)
+        want = python_self_test(default_export, "hrm.fp32.kv.onnx")
+        assert fp32["passed"] and want["passed"], (fp32, want)
+        assert page.get_attribute("#selftest-result", "data-passed") == "1"
+        assert "PASSED" in page.inner_text("#selftest-result")
+        assert fp32["top1_agreement"] == want["top1_agreement"] == 1.0
+        assert abs(fp32["max_abs_logit_error"] - want["max_abs_logit_error"]) < 1e-4
+        assert abs(fp32["perplexity"] / want["perplexity"] - 1) < 1e-5
+        print("fp32 self-test:", {k: fp32[k] for k in ("max_abs_logit_error", "top1_agreement", "perplexity", "ms")})
+        page.wait_for_function("window.hrmDemo.lastSuggestions && "
+                               "window.hrmDemo.lastSuggestions.text === document.getElementById('text').value",
+                               timeout=60_000)  # the suggestions after the completed text, for the picture
+        page.screenshot(path=str(tmp_path / "demo.png"), full_page=True)
+        (REPO / "docs").mkdir(exist_ok=True)
+        shutil.copyfile(tmp_path / "demo.png", REPO / "docs" / "demo.png")
+
+        # the same program in ONNX Runtime's .ort format loads and passes too
+        select_model(page, "hrm.fp32.kv.ort")
+        ort_format = run_self_test(page)
+        assert ort_format["passed"] and abs(ort_format["max_abs_logit_error"] - fp32["max_abs_logit_error"]) < 1e-4, ort_format
+
+        # int8: the browser computes what the int8 eager reference computes (the parity bundle's
+        # reference/<name> logits, cut like the web bundle), judged against fp32 with the same tolerances
+        int8_id = next(m["id"] for m in page.evaluate("window.hrmDemo.state.config.models")
+                       if m["precision"] == "int8" and m["format"] == "onnx")
+        select_model(page, int8_id)
+        int8 = run_self_test(page)
+        want = int8_reference_self_test(default_export, int8_id)
+        ort_python = python_self_test(default_export, int8_id)
+        print("int8 self-test:", {k: int8[k] for k in ("max_abs_logit_error", "top1_agreement", "perplexity", "passed",
+                                                        "reason", "ms")},
+              "| int8 eager reference:", {k: want[k] for k in ("max_abs_logit_error", "top1_agreement", "perplexity")},
+              "| python onnxruntime on this CPU:", {k: ort_python[k] for k in ("max_abs_logit_error", "top1_agreement")})
+        assert int8["passed"] == want["passed"]
+        assert abs(int8["top1_agreement"] - want["top1_agreement"]) <= 2 / int8["positions"]
+        assert abs(int8["perplexity"] / want["perplexity"] - 1) < 0.005  # int8_vs_int8_reference's bound
+        assert abs(int8["max_abs_logit_error"] - want["max_abs_logit_error"]) < 1e-2 * want["logit_range"]
+    finally:
+        server.close()
+
+
+@pytest.mark.slow
+def test_self_test_fails_on_a_perturbed_web_bundle(default_export, browser, tmp_path):
+    from hrm_edge.parity import load_bundle, read_manifest
+    from hrm_edge.web_bundle import read_web_bundle, write_web_bundle
+
+    export = tmp_path / "perturbed"
+    shutil.copytree(default_export, export)
+    path = write_web_bundle(export, read_manifest(export), load_bundle(export / "parity_bundle.npz"))
+    web = read_web_bundle(path)
+    data = bytearray(path.read_bytes())
+    offset = web.header["logits_offset"]
+    logits = np.frombuffer(bytes(data[offset:]), dtype="<f4").copy()
+    logits += 0.05 * np.random.default_rng(0).standard_normal(logits.shape).astype(np.float32)  # > 1e-4 x range
+    data[offset:] = logits.astype("<f4").tobytes()
+    path.write_bytes(bytes(data))
+    # without --no-verify the demo refuses the modified bundle
+    assert_user_error(run_module("hrm_edge.demo", export, "--port", "0"), "web_bundle.bin does not match")
+    server = DemoServer(export, "--no-verify")
+    try:
+        page = open_page(browser, server.url)
+        select_model(page, "hrm.fp32.kv.onnx")
+        result = run_self_test(page)
+        assert not result["passed"] and "max abs logit error" in result["reason"], result
+        assert page.get_attribute("#selftest-result", "data-passed") == "0"
+        assert "FAILED" in page.inner_text("#selftest-result")
+    finally:
+        server.close()
