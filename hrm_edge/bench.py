@@ -27,9 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from hrm_edge.checkpoint import load_model
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text
-from hrm_edge.parity import host_target, read_manifest
+from hrm_edge.manifest import read_manifest
+from hrm_edge.parity import host_target
 
 
 def _peak_rss_mb() -> float:
@@ -46,6 +48,14 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _import_eager_model() -> None:
+    """What load_model imports (torch, safetensors, the model), imported before a load clock starts."""
+    import safetensors.torch  # noqa: F401
+    import torch  # noqa: F401
+
+    import hrm_edge.model  # noqa: F401
+
+
 def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeats: int) -> dict:
     """Runs inside the child process: load and time one artifact ("eager" = the fp32 eager model)."""
     manifest = read_manifest(out_dir)
@@ -55,8 +65,7 @@ def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeat
     if artifact == "eager":
         import torch
 
-        from hrm_edge.train import load_model
-
+        _import_eager_model()
         torch.set_num_threads(threads)
         t0 = time.perf_counter()
         model = load_model(out_dir)
@@ -109,7 +118,9 @@ def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: i
     from hrm_edge.generate import EagerDecoder, OnnxDecoder, PteDecoder, generate
 
     # imports before the clock: load time is the artifact's, not the interpreter's
-    if artifact == "eager" or artifact.endswith(".pte"):
+    if artifact == "eager":
+        _import_eager_model()
+    if artifact.endswith(".pte"):
         import torch  # noqa: F401
     if artifact.endswith(".pte"):
         import executorch.kernels.quantized  # noqa: F401
@@ -118,8 +129,6 @@ def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: i
         import onnxruntime  # noqa: F401
     t0 = time.perf_counter()
     if artifact == "eager":
-        from hrm_edge.train import load_model
-
         decoder = EagerDecoder(load_model(out_dir), threads)
     elif artifact.endswith((".onnx", ".ort")):
         decoder = OnnxDecoder(out_dir / artifact, threads)
@@ -154,6 +163,7 @@ def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
 
     import torch
 
+    from hrm_edge.checkpoint import save_model
     from hrm_edge.config import ModelConfig
     from hrm_edge.export_executorch import export_pte_decode
     from hrm_edge.export_onnx import export_onnx_decode
@@ -170,10 +180,7 @@ def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
     torch.manual_seed(0)
     model = HRMLM(cfg).eval()
     base.mkdir(parents=True, exist_ok=True)
-    cfg.save(base / "config.json")
-    from safetensors.torch import save_file
-
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(base / "model.safetensors"))
+    save_model(base, model)
     bos, eos = manifest["tokenizer"]["bos_id"], manifest["tokenizer"]["eos_id"]
     export_onnx_decode(model, base / "transformer.fp32.kv.onnx")
     export_pte_decode(model, base / "transformer.fp32.kv.pte", bos, eos)
@@ -185,15 +192,14 @@ def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
 def run_decode_bench(out_dir: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int,
                      baseline: bool, log=print) -> dict:
     manifest = read_manifest(out_dir)
-    kv = [a for a in manifest["artifacts"] if a["program"] == "kv_cache"]
-    jobs = [(out_dir, "eager", "eager", "fp32", None)] + [(out_dir, a["path"], a["format"], a["precision"], a) for a in kv]
+    kv = [a for a in manifest["artifacts"] if a.program == "kv_cache"]
+    jobs = [(out_dir, "eager", "eager", "fp32")] + [(out_dir, a.path, a.format, a.precision) for a in kv]
     if baseline:
         base = export_baseline(out_dir, manifest, log)
-        jobs += [(base, "eager", "eager", "fp32", None)] + [
-            (base, p.name, p.suffix[1:], "int8" if "int8" in p.name else "fp32", None)
-            for p in sorted(base.glob("*.kv.*"))]
+        jobs += [(base, "eager", "eager", "fp32")] + [
+            (base, p.name, p.suffix[1:], "int8" if "int8" in p.name else "fp32") for p in sorted(base.glob("*.kv.*"))]
     rows = []
-    for folder, name, fmt, precision, art in jobs:
+    for folder, name, fmt, precision in jobs:
         row = _child(folder, ["--one-decode", name, "--prompt-len", str(prompt_len), "--new-tokens", str(new_tokens),
                               "--repeats", str(repeats)], threads)
         row.update(model="baseline" if folder != out_dir else manifest["model"]["arch"], format=fmt, precision=precision,
@@ -224,7 +230,7 @@ def ort_dynamic_baseline(out_dir: Path, manifest: dict, log=print) -> dict | Non
     weight, inside the Loop body too, as DynamicQuantizeLinear -> MatMulInteger; per-channel int8
     weights). Not a shipped artifact (it has no eager int8 reference); scored against the parity
     bundle's fp32 logits. Returns the quality record, or None without an fp32 ONNX graph."""
-    fp32 = next((a for a in manifest["artifacts"] if a["path"] == "hrm.fp32.onnx"), None)
+    fp32 = next((a for a in manifest["artifacts"] if a.path == "hrm.fp32.onnx"), None)
     if fp32 is None:
         return None
     import logging
@@ -237,15 +243,37 @@ def ort_dynamic_baseline(out_dir: Path, manifest: dict, log=print) -> dict | Non
     path.parent.mkdir(parents=True, exist_ok=True)
     log("  building onnxruntime quantize_dynamic(EnableSubgraph) baseline ...")
     logging.getLogger().setLevel(logging.ERROR)  # its "please run pre-processing" advice on every call
-    quantize_dynamic(out_dir / fp32["path"], path, weight_type=QuantType.QInt8, per_channel=True,
+    quantize_dynamic(out_dir / fp32.path, path, weight_type=QuantType.QInt8, per_channel=True,
                      op_types_to_quantize=["MatMul"], extra_options={"EnableSubgraph": True})
     bundle = load_bundle(out_dir / manifest["parity_bundle"]["path"])
     windows, reference = bundle["windows"], bundle["fp32_logits"]
     logits = np.concatenate([run_onnx(path, windows[i : i + 1, :-1]) for i in range(len(windows))])
     targets = windows[:, 1:]
-    return {"bytes": path.stat().st_size, "bytes_vs_fp32": path.stat().st_size / fp32["bytes"],
+    return {"bytes": path.stat().st_size, "bytes_vs_fp32": path.stat().st_size / fp32.bytes,
             "perplexity": perplexity(logits, targets), "fp32_perplexity": perplexity(reference, targets),
             "top1_vs_fp32": float((logits.argmax(-1) == reference.argmax(-1)).mean())}
+
+
+def _full_sequence_programs(manifest: dict, baseline: dict | None) -> list[tuple]:
+    """What the full-sequence table times: (path, format, precision, quantization record, row fields known without
+    timing it) for the eager model, every full-sequence artifact and onnxruntime's own int8 route (`baseline`)."""
+    fp32_bytes = {a.format: a.bytes for a in manifest["artifacts"] if a.precision == "fp32"}
+    programs = [("eager", "eager", "fp32", {}, {})]
+    for art in manifest["artifacts"]:
+        if art.program == "kv_cache":
+            continue  # measured by the decode benchmark
+        known = {"bytes": art.bytes,
+                 "bytes_vs_fp32": art.bytes / fp32_bytes[art.format] if art.format in fp32_bytes else None}
+        checks = next(iter((art.parity or {}).values()), {}).get("checks", [])
+        vs_fp32 = next((c for c in checks if c.get("reference", "").startswith("fp32 eager")), None)
+        if vs_fp32 and "perplexity" in vs_fp32:
+            known.update(perplexity=vs_fp32["perplexity"], fp32_perplexity=vs_fp32["reference_perplexity"],
+                         top1_vs_fp32=vs_fp32["top1_agreement"])
+        programs.append((art.path, art.format, art.precision, art.quantization or {}, known))
+    if baseline is not None:
+        programs.append((ORT_DYNAMIC_BASELINE, "onnx", "int8",
+                         {"mode": "ort quantize_dynamic", "activation_scales": "dynamic per tensor"}, baseline))
+    return programs
 
 
 def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repeats: int = 10, log=print,
@@ -254,30 +282,13 @@ def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repea
     seq_len = seq_len or min(128, manifest["model"]["max_seq_len"])
     if not 1 <= seq_len <= manifest["model"]["max_seq_len"]:
         raise UserError(f"--seq-len must be in 1..{manifest['model']['max_seq_len']}")
-    fp32_bytes = {a["format"]: a["bytes"] for a in manifest["artifacts"] if a["precision"] == "fp32"}
-    rows = []
-    extra = []
     baseline = ort_dynamic_baseline(out_dir, manifest, log) if ort_baseline else None
-    if baseline is not None:
-        extra.append({"path": ORT_DYNAMIC_BASELINE, "format": "onnx", "precision": "int8", "baseline": baseline,
-                      "quantization": {"mode": "ort quantize_dynamic", "activation_scales": "dynamic per tensor"}})
-    for art in [{"path": "eager", "format": "eager", "precision": "fp32"}] + manifest["artifacts"] + extra:
-        if art.get("program") == "kv_cache":
-            continue  # measured by the decode benchmark
-        row = _child(out_dir, ["--one", art["path"], "--seq-len", str(seq_len), "--repeats", str(repeats)], threads)
-        row.update(format=art["format"], precision=art["precision"],
-                   mode=art.get("quantization", {}).get("mode", ""),
-                   scales=art.get("quantization", {}).get("activation_scales", "").split(" ")[0])
-        if "baseline" in art:
-            row.update(art["baseline"])
-        elif art["path"] != "eager":
-            row["bytes"] = art["bytes"]
-            row["bytes_vs_fp32"] = art["bytes"] / fp32_bytes[art["format"]] if art["format"] in fp32_bytes else None
-            checks = next(iter(art.get("parity", {}).values()), {}).get("checks", [])
-            vs_fp32 = next((c for c in checks if c.get("reference", "").startswith("fp32 eager")), None)
-            if vs_fp32 and "perplexity" in vs_fp32:
-                row.update(perplexity=vs_fp32["perplexity"], fp32_perplexity=vs_fp32["reference_perplexity"],
-                           top1_vs_fp32=vs_fp32["top1_agreement"])
+    rows = []
+    for path, fmt, precision, quantization, known in _full_sequence_programs(manifest, baseline):
+        row = _child(out_dir, ["--one", path, "--seq-len", str(seq_len), "--repeats", str(repeats)], threads)
+        row.update(format=fmt, precision=precision, mode=quantization.get("mode", ""),
+                   scales=quantization.get("activation_scales", "").split(" ")[0])
+        row.update(known)
         rows.append(row)
         log(f"  {row['artifact']:<34} {row['latency_ms']:8.2f} ms")
     eager = rows[0]["latency_ms"]

@@ -15,17 +15,17 @@ from pathlib import Path
 
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.generate import Sampling, generate
-from hrm_edge.parity import read_manifest
+from hrm_edge.manifest import Artifact, read_manifest
 
 RUNTIMES = ("executorch", "onnx", "eager")
 
 
-def pick_artifact(manifest: dict, runtime: str, precision: str) -> dict:
+def pick_artifact(manifest: dict, runtime: str, precision: str) -> Artifact:
     fmt = {"executorch": "pte", "onnx": "onnx"}[runtime]
-    candidates = [a for a in manifest["artifacts"] if a["format"] == fmt and a["program"] == "kv_cache"
-                  and a["precision"] == precision]
+    kv = [a for a in manifest["artifacts"] if a.format == fmt and a.program == "kv_cache"]
+    candidates = [a for a in kv if a.precision == precision]
     if not candidates:
-        have = sorted({a["precision"] for a in manifest["artifacts"] if a["format"] == fmt and a["program"] == "kv_cache"})
+        have = sorted({a.precision for a in kv})
         raise UserError(f"no {precision} KV-cache {fmt} program in this export (have: {', '.join(have) or 'none'}); "
                         f"re-run python -m hrm_edge.export")
     return candidates[0]
@@ -37,14 +37,14 @@ def make_decoder(out_dir: Path, manifest: dict, runtime: str, precision: str, th
     if runtime == "eager":
         if precision != "fp32":
             raise UserError("--runtime eager runs the fp32 model; use --precision fp32")
-        from hrm_edge.train import load_model
+        from hrm_edge.checkpoint import load_model
 
         return EagerDecoder(load_model(out_dir), threads), "model.safetensors"
     art = pick_artifact(manifest, runtime, precision)
-    if not next(iter(art.get("parity", {}).values()), {}).get("passed"):
-        raise UserError(f"{art['path']} did not pass the parity gate; refusing to run it")
+    if not next(iter((art.parity or {}).values()), {}).get("passed"):
+        raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
     cls = PteDecoder if runtime == "executorch" else OnnxDecoder
-    return cls(out_dir / art["path"], threads), art["path"]
+    return cls(out_dir / art.path, threads), art.path
 
 
 def main(argv=None) -> int:

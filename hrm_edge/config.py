@@ -123,6 +123,15 @@ class Preset:
     train: TrainConfig = field(default_factory=TrainConfig)
     quant: QuantConfig = field(default_factory=QuantConfig)
 
+    def override(self, corpus: str | None = None, steps: int | None = None) -> None:
+        """The command line's --corpus and --steps, in place of the preset's."""
+        if corpus:
+            self.data.corpus = corpus
+        if steps is not None:
+            if steps < 1:
+                raise UserError("--steps must be >= 1")
+            self.train.steps = steps
+
 
 def from_dict(cls, values: dict, where: str):
     names = {f.name for f in dataclasses.fields(cls)}

@@ -5,7 +5,9 @@
 
 The runtime side (load an artifact, run it, compare with expected arrays) imports numpy and the runtime
 only: onnxruntime for .onnx, executorch for .pte (whose pybindings import torch themselves). Computing the
-eager reference is the one part that needs torch, and it is imported only there.
+eager reference is the one part that needs torch, and it is imported only there. The gate on another CPU
+architecture (--target aarch64) lives with the emulation code in hrm_edge.arm64, which builds on this module;
+this module never imports it (only the script entry at the bottom hands it to main).
 
 The expected outputs live in the export folder's parity bundle (parity_bundle.npz): the held-out
 validation token windows and the fp32 eager logits. Re-running parity on a folder also recomputes the
@@ -27,11 +29,7 @@ import numpy as np
 
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text, sha256_file
-
-MANIFEST = "manifest.json"
-REPORT = "parity_report.md"
-BUNDLE = "parity_bundle.npz"
-MANIFEST_FORMAT = 1
+from hrm_edge.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest
 
 
 @dataclass
@@ -152,18 +150,18 @@ def kv_decoder(path: Path, fmt: str):
     return OnnxDecoder(path) if fmt in ("onnx", "ort") else PteDecoder(path)
 
 
-def run_artifact(path: Path, art: dict, tokens: np.ndarray) -> np.ndarray:
+def run_artifact(path: Path, art: Artifact, tokens: np.ndarray) -> np.ndarray:
     """Full-sequence logits [N, S, V] of tokens [N, S]: directly, or for a KV-cache program by a prefill of
-    art["prefill_len"] tokens followed by one decode step per remaining token."""
-    if art["program"] == "kv_cache":
+    art.prefill_len tokens followed by one decode step per remaining token."""
+    if art.program == "kv_cache":
         from hrm_edge.generate import decode_logits
 
-        return decode_logits(kv_decoder(path, art["format"]), tokens, art["prefill_len"])
-    if art["format"] in ("onnx", "ort"):  # onnxruntime loads its .ort format like an .onnx file
+        return decode_logits(kv_decoder(path, art.format), tokens, art.prefill_len)
+    if art.format in ("onnx", "ort"):  # onnxruntime loads its .ort format like an .onnx file
         return run_onnx(path, tokens)
-    if art["format"] == "pte":
+    if art.format == "pte":
         return run_pte(path, tokens)
-    raise ValueError(f"unknown artifact format {art['format']!r}")
+    raise ValueError(f"unknown artifact format {art.format!r}")
 
 
 def greedy_tokens(path: Path, fmt: str, prompt: np.ndarray, n_new: int) -> np.ndarray:
@@ -208,54 +206,43 @@ def load_bundle(path: Path) -> dict[str, np.ndarray]:
 
 
 # ---- the gate over an export folder ----
-def check_artifact(out_dir: Path, art: dict, bundle: dict, unique_weight_bytes: int, tol: dict,
+def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_bytes: int, tol: dict,
                    logits_out: dict | None = None) -> dict:
     """Verify one manifest entry: file present, sha256, size rule, numerical parity. Returns parity dict.
     logits_out: if given, receives the artifact's logits as logits_out["logits"] (to compare two machines)."""
-    path = out_dir / art["path"]
+    path = out_dir / art.path
     if not path.is_file():
-        return {"passed": False, "reason": f"{art['path']} is missing"}
+        return {"passed": False, "reason": f"{art.path} is missing"}
     digest = sha256_file(path)
-    if digest != art["sha256"]:
-        return {"passed": False, "reason": f"sha256 mismatch for {art['path']}: manifest {art['sha256'][:12]}…, "
+    if digest != art.sha256:
+        return {"passed": False, "reason": f"sha256 mismatch for {art.path}: manifest {art.sha256[:12]}…, "
                                           f"file {digest[:12]}… (the file was modified)"}
     # weights stored once: the artifact's own weight bytes (int8 ones for int8 artifacts) plus graph room
-    size_limit = int(1.10 * art.get("weight_bytes", unique_weight_bytes) + 256 * 1024)
+    size_limit = int(1.10 * (art.weight_bytes if art.weight_bytes is not None else unique_weight_bytes) + 256 * 1024)
     windows = bundle["windows"]
     try:
         logits = run_artifact(path, art, windows[:, :-1])
     except Exception as e:  # a runtime that cannot load or run the artifact fails it; it is not a crash
-        return {"passed": False, "reason": f"{art['format']} runtime error: {type(e).__name__}: {str(e)[:300]}"}
+        return {"passed": False, "reason": f"{art.format} runtime error: {type(e).__name__}: {str(e)[:300]}"}
     if logits_out is not None:
         logits_out["logits"] = logits
     targets = windows[:, 1:]
     # a depth-dial artifact (fewer outer cycles) is compared with the eager fp32 model at its own depth
-    fp32_key = art.get("fp32_reference", "fp32_logits")
+    fp32_key = art.fp32_reference if art.fp32_reference is not None else "fp32_logits"
     if fp32_key not in bundle:
         return {"passed": False, "reason": f"the parity bundle has no fp32 reference {fp32_key!r}"}
-    fp32_name = "fp32 eager" if fp32_key == "fp32_logits" else f"fp32 eager, {art['cycles']} outer cycle(s)"
-    if art["precision"] == "fp32":
+    fp32_name = "fp32 eager" if fp32_key == "fp32_logits" else f"fp32 eager, {art.cycles} outer cycle(s)"
+    if art.precision == "fp32":
         checks = [compare(logits, bundle[fp32_key], targets, Tolerance(**tol["fp32_vs_fp32_eager"]), fp32_name)]
     else:
-        key = f"reference/{art['reference']}"
+        key = f"reference/{art.reference}"
         if key not in bundle:
-            return {"passed": False, "reason": f"the parity bundle has no int8 reference {art['reference']!r}"}
+            return {"passed": False, "reason": f"the parity bundle has no int8 reference {art.reference!r}"}
         checks = [compare(logits, bundle[key], targets, Tolerance(**tol["int8_vs_int8_reference"]),
-                          f"int8 eager reference ({art['reference']})"),
+                          f"int8 eager reference ({art.reference})"),
                   compare(logits, bundle[fp32_key], targets, Tolerance(**tol["int8_vs_fp32_eager"]), fp32_name)]
     reasons = [f"vs {c['reference']}: {c['reason']}" for c in checks if not c["passed"]]
-    greedy = None
-    # the eager fp32 model's greedy continuation (at the artifact's depth), replayed by its own decode loop
-    greedy_key = "greedy/eager_tokens" + (f".c{art['cycles']}" if "fp32_reference" in art else "")
-    if art["program"] == "kv_cache" and greedy_key in bundle:
-        expected = bundle[greedy_key]
-        got = greedy_tokens(path, art["format"], bundle["greedy/prompt"], len(expected))
-        n = min(len(got), len(expected))
-        greedy = {"new_tokens": int(len(expected)), "identical_to_eager_fp32": bool(np.array_equal(got, expected)),
-                  "matching_prefix": int(np.argmin(np.append(got[:n] == expected[:n], False)))}
-        if art["precision"] == "fp32" and not greedy["identical_to_eager_fp32"]:
-            reasons.append(f"greedy {len(expected)}-token continuation differs from eager fp32 after "
-                           f"{greedy['matching_prefix']} tokens")
+    greedy = greedy_check(path, art, bundle, reasons)
     size = path.stat().st_size
     if size > size_limit:
         reasons.append(f"{size} bytes > size limit {size_limit}")
@@ -266,9 +253,32 @@ def check_artifact(out_dir: Path, art: dict, bundle: dict, unique_weight_bytes: 
     return result
 
 
+def greedy_check(path: Path, art: Artifact, bundle: dict, reasons: list) -> dict | None:
+    """A KV-cache program replays the eager fp32 model's greedy continuation (at the artifact's depth) with its
+    own decode loop; an fp32 program must reproduce it exactly (the reason is appended to `reasons`)."""
+    greedy_key = "greedy/eager_tokens" + (f".c{art.cycles}" if art.fp32_reference is not None else "")
+    if art.program != "kv_cache" or greedy_key not in bundle:
+        return None
+    expected = bundle[greedy_key]
+    got = greedy_tokens(path, art.format, bundle["greedy/prompt"], len(expected))
+    n = min(len(got), len(expected))
+    greedy = {"new_tokens": int(len(expected)), "identical_to_eager_fp32": bool(np.array_equal(got, expected)),
+              "matching_prefix": int(np.argmin(np.append(got[:n] == expected[:n], False)))}
+    if art.precision == "fp32" and not greedy["identical_to_eager_fp32"]:
+        reasons.append(f"greedy {len(expected)}-token continuation differs from eager fp32 after "
+                       f"{greedy['matching_prefix']} tokens")
+    return greedy
+
+
+def check_summary(result: dict) -> str:
+    """One log line's worth of a check_artifact result: each comparison's max abs error and top-1."""
+    return "; ".join(f"vs {c['reference'].split(' (')[0]}: max abs {c['max_abs_logit_error']:.2e}, "
+                     f"top-1 {c['top1_agreement']:.4f}" for c in result.get("checks", []) if "top1_agreement" in c)
+
+
 def verify_reference(out_dir: Path, bundle: dict) -> str | None:
     """Recompute eager fp32 logits from the folder's checkpoint; return a failure reason or None."""
-    from hrm_edge.train import load_model
+    from hrm_edge.checkpoint import load_model
 
     model = load_model(out_dir)
     ref = eager_logits(model, bundle["windows"][:, :-1])
@@ -306,91 +316,22 @@ def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, lo
     if not tok_path.is_file() or sha256_file(tok_path) != manifest["tokenizer"]["sha256"]:
         failures.append("tokenizer.json is missing or modified (sha256)")
     for art in manifest["artifacts"]:
-        if art["format"] in skip:
-            skipped.append({"path": art["path"], "reason": skip[art["format"]]})
-            log(f"  SKIP {art['path']:<34} {skip[art['format']]}")
+        if art.format in skip:
+            skipped.append({"path": art.path, "reason": skip[art.format]})
+            log(f"  SKIP {art.path:<34} {skip[art.format]}")
             continue
         if bundle is None:
             result = {"passed": False, "reason": "no valid parity bundle"}
         else:
             result = check_artifact(out_dir, art, bundle, manifest["unique_weight_bytes"], manifest["tolerances"])
-        art.setdefault("parity", {})[target] = result
+        art.record_parity(target, result)
         status = "PASS" if result["passed"] else "FAIL"
-        detail = "; ".join(f"vs {c['reference'].split(' (')[0]}: max abs {c['max_abs_logit_error']:.2e}, "
-                           f"top-1 {c['top1_agreement']:.4f}" for c in result.get("checks", []) if "top1_agreement" in c)
-        log(f"  {status} {art['path']:<34} {detail} {result.get('reason', '')}".rstrip())
+        log(f"  {status} {art.path:<34} {check_summary(result)} {result.get('reason', '')}".rstrip())
         if not result["passed"]:
-            failures.append(f"{art['path']}: {result['reason']}")
+            failures.append(f"{art.path}: {result['reason']}")
     manifest["passed"] = not failures
     manifest["failures"] = failures
     manifest.setdefault("skipped", {})[target] = skipped
-    write_manifest(out_dir, manifest)
-    return not failures
-
-
-# ---- the same gate on another CPU architecture, under emulation (hrm_edge.arm64) ----
-def run_target_gate(out_dir: Path, manifest: dict, target: str, cpu_models: list[str], skip: dict | None = None,
-                    recompute_reference: bool = True, log=print) -> bool:
-    """Run every artifact of `manifest` on `target` once per CPU model (one emulated process each) and compare it
-    with the parity bundle exactly as check_artifact does here, with the manifest's tolerances; also record how
-    far the target's logits are from this host's logits of the same artifact (x86_vs_arm64_*). Writes
-    art["targets"][target][cpu_model] and manifest["targets"][target] (verdict, failures, versions, CPU
-    features); the host's verdict (manifest["passed"]) is left as it is. skip: {format: reason}."""
-    from hrm_edge import arm64
-
-    if target != arm64.TARGET:
-        raise UserError(f"unknown target {target!r} (known: host, {arm64.TARGET})")
-    skip = skip or {}
-    failures, skipped, arts = [], [], []
-    bundle = checked_bundle(out_dir, manifest, recompute_reference, failures)
-    for art in manifest["artifacts"]:
-        art.setdefault("targets", {})[target] = {}  # this run's CPU models replace any earlier entries
-        if art["format"] in skip:
-            skipped.append({"path": art["path"], "reason": skip[art["format"]]})
-            log(f"  SKIP {art['path']:<34} {skip[art['format']]}")
-        else:
-            arts.append(art)
-    summary = {"host": host_target(), "cpu_models": {}, "checked_unix": int(time.time())}
-    if bundle is None:
-        for art in arts:
-            for cpu in cpu_models:
-                art["targets"][target][cpu] = {"passed": False, "reason": "no valid parity bundle"}
-    elif arts:
-        tc = arm64.ensure_toolchain(need_pte=any(a["format"] == "pte" for a in arts), log=log)
-        known = arm64.cpu_models(tc)
-        if set(cpu_models) - set(known):
-            raise UserError(f"qemu-aarch64 {tc.versions['qemu']} has no CPU model {', '.join(sorted(set(cpu_models) - set(known)))}; "
-                            f"it has: {', '.join(known)}")
-        summary |= {"emulator": f"QEMU user mode, qemu-aarch64 {tc.versions['qemu']}", "versions": tc.versions}
-        host_logits = {}  # this host's logits of each artifact, computed once for all CPU models
-        for cpu in cpu_models:
-            log(f"[{target} {cpu}] {len(arts)} artifact(s) in one emulated Python (qemu-aarch64 -cpu {cpu})")
-            run = arm64.run_on_target(out_dir, manifest, arts, cpu, tc, log)
-            summary["cpu_models"][cpu] = {"cpu_features": run.info.get("cpu_features", ""), "seconds": run.seconds,
-                                          "runtime": run.info}
-            for art in arts:
-                result = run.results[art["path"]]
-                if art["path"] in run.logits:
-                    got = run.logits[art["path"]]
-                    if art["path"] not in host_logits:
-                        try:
-                            host_logits[art["path"]] = run_artifact(out_dir / art["path"], art, bundle["windows"][:, :-1])
-                        except Exception as e:  # recorded, not fatal: the target check itself is against the bundle
-                            host_logits[art["path"]] = f"{type(e).__name__}: {str(e)[:200]}"
-                    mine = host_logits[art["path"]]
-                    if isinstance(mine, np.ndarray) and mine.shape == got.shape:
-                        result["x86_vs_arm64_max_abs"] = float(np.abs(got - mine).max())
-                        result["x86_vs_arm64_top1_agreement"] = float((got.argmax(-1) == mine.argmax(-1)).mean())
-                    else:
-                        result["x86_vs_arm64_max_abs"] = None
-                        result["x86_error"] = mine if isinstance(mine, str) else f"shape {list(mine.shape)} != {list(got.shape)}"
-                art["targets"][target][cpu] = result
-    for art in arts:
-        for cpu, result in art["targets"][target].items():
-            if not result["passed"]:
-                failures.append(f"{art['path']} on {target} {cpu}: {result['reason']}")
-    summary |= {"passed": not failures, "failures": failures, "skipped": skipped}
-    manifest.setdefault("targets", {})[target] = summary
     write_manifest(out_dir, manifest)
     return not failures
 
@@ -399,35 +340,30 @@ def target_rows(manifest: dict, target: str) -> list[dict]:
     """One row per artifact, CPU model and comparison of a target check (for the console and the report)."""
     rows = []
     for art in manifest["artifacts"]:
-        for cpu, r in art.get("targets", {}).get(target, {}).items():
+        for cpu, r in (art.targets or {}).get(target, {}).items():
             checks = [c for c in r.get("checks", []) if "top1_agreement" in c] or [None]
             for i, c in enumerate(checks):
-                rows.append({"artifact": art["path"], "cpu": cpu, "check": c, "first": i == 0, "result": r})
+                rows.append({"artifact": art.path, "cpu": cpu, "check": c, "first": i == 0, "result": r})
     return rows
 
 
 def write_manifest(out_dir: Path, manifest: dict) -> None:
     """The manifest and its readable twin are written together, the report first (the manifest is the contract)."""
     atomic_write_text(out_dir / REPORT, render_report(manifest))
-    atomic_write_text(out_dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(out_dir / MANIFEST, manifest_json(manifest))
 
 
-def read_manifest(out_dir: Path) -> dict:
-    path = Path(out_dir) / MANIFEST
-    if not Path(out_dir).is_dir():
-        raise UserError(f"export folder not found: {out_dir}")
-    if not path.is_file():
-        raise UserError(f"{out_dir} has no {MANIFEST} (not an export folder, or the export did not finish)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"{path} is not valid JSON: {e}") from None
-    if manifest.get("format_version") != MANIFEST_FORMAT:
-        raise UserError(f"{path}: unsupported manifest format {manifest.get('format_version')!r}")
-    return manifest
+# ---- parity_report.md ----
+def _check_cells(c: dict | None, bounds: bool) -> str:
+    """A comparison's table cells: reference | max abs | tol | top-1 [(>= bound)] | ppl / ref ppl."""
+    if c is None:
+        return "– | – | – | – | –"
+    top1 = f"{c['top1_agreement']:.4f}" + (f" (≥ {c['tolerance']['min_top1']})" if bounds else "")
+    return (f"{c['reference']} | {c['max_abs_logit_error']:.2e} | {c['tolerance']['max_abs_logit_error']:.2e} | "
+            f"{top1} | {c['perplexity']:.3f} / {c['reference_perplexity']:.3f}")
 
 
-def render_report(manifest: dict) -> str:
+def _host_section(manifest: dict) -> list[str]:
     m = manifest["model"]
     lines = [
         "# Parity report",
@@ -443,20 +379,13 @@ def render_report(manifest: dict) -> str:
         "|---|---|---|---|---:|---|---:|---:|---:|---:|---|",
     ]
     for art in manifest["artifacts"]:
-        for target, r in art.get("parity", {}).items():
+        for target, r in (art.parity or {}).items():
             ok = "yes" if r["passed"] else f"**NO**: {r.get('reason', '')}"
-            checks = [c for c in r.get("checks", []) if "top1_agreement" in c] or [None]
-            for c in checks:
-                if c is None:
-                    cells = "– | – | – | – | –"
-                else:
-                    cells = (f"{c['reference']} | {c['max_abs_logit_error']:.2e} | {c['tolerance']['max_abs_logit_error']:.2e} | "
-                             f"{c['top1_agreement']:.4f} (≥ {c['tolerance']['min_top1']}) | "
-                             f"{c['perplexity']:.3f} / {c['reference_perplexity']:.3f}")
-                lines.append(f"| {art['path']} | {art['format']} | {art['precision']} | {target} | "
-                             f"{art['bytes']:,} | {cells} | {ok} |")
-    greedy = [(art["path"], target, r["greedy_decode"]) for art in manifest["artifacts"]
-              for target, r in art.get("parity", {}).items() if "greedy_decode" in r]
+            for c in [c for c in r.get("checks", []) if "top1_agreement" in c] or [None]:
+                lines.append(f"| {art.path} | {art.format} | {art.precision} | {target} | "
+                             f"{art.bytes:,} | {_check_cells(c, bounds=True)} | {ok} |")
+    greedy = [(art.path, target, r["greedy_decode"]) for art in manifest["artifacts"]
+              for target, r in (art.parity or {}).items() if "greedy_decode" in r]
     if greedy:
         lines += ["", "KV-cache programs are checked by prefill + one decode step per token against the full-sequence "
                   "logits (rows above), and by a greedy continuation from the eager fp32 model's:", "",
@@ -467,35 +396,43 @@ def render_report(manifest: dict) -> str:
         for item in items:
             lines.append(f"\nNot checked on {target}: {item['path']} ({item['reason']})")
     lines += ["", f"Overall: {'PASSED' if manifest.get('passed') else 'FAILED'}"]
-    lines += [f"- {f}" for f in manifest.get("failures", [])]
+    return lines + [f"- {f}" for f in manifest.get("failures", [])]
+
+
+def _target_section(manifest: dict, target: str, t: dict) -> list[str]:
+    lines = ["", f"## {target}: {'PASSED' if t.get('passed') else 'FAILED'}", ""]
+    if t.get("emulator"):
+        v = t.get("versions", {})
+        lines.append(f"{t['emulator']} on a {t['host']} host; aarch64 wheels: "
+                     + ", ".join(f"{k} {v[k]}" for k in ("onnxruntime", "numpy", "torch", "executorch") if k in v)
+                     + f"; Debian bookworm arm64 Python {v.get('python', '?')}. CPU models:")
+        lines += [f"- `{cpu}` ({c['seconds']:.0f} s): {c['cpu_features']}" for cpu, c in t["cpu_models"].items()]
+        lines.append("")
+    lines += ["| artifact | CPU model | compared with | max abs err | tol | top-1 | ppl / ref ppl | "
+              f"x86 vs {target} max abs | greedy = eager | s | passed |", "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
+    for row in target_rows(manifest, target):
+        r = row["result"]
+        ok = "yes" if r["passed"] else f"**NO**: {r.get('reason', '')}"
+        x86, greedy = r.get("x86_vs_arm64_max_abs"), r.get("greedy_decode")
+        per_run = (f"{'–' if x86 is None else f'{x86:.2e}'} | "
+                   f"{'–' if greedy is None else ('yes' if greedy['identical_to_eager_fp32'] else 'no')} | "
+                   f"{r.get('seconds', 0):.1f} | {ok}") if row["first"] else " | | | "
+        lines.append(f"| {row['artifact']} | {row['cpu']} | {_check_cells(row['check'], bounds=False)} | {per_run} |")
+    lines += [f"\nNot checked on {target}: {s['path']} ({s['reason']})" for s in t.get("skipped", [])]
+    return lines + [f"- {f}" for f in t.get("failures", [])]
+
+
+def render_report(manifest: dict) -> str:
+    lines = _host_section(manifest)
     for target, t in manifest.get("targets", {}).items():
-        lines += ["", f"## {target}: {'PASSED' if t.get('passed') else 'FAILED'}", ""]
-        if t.get("emulator"):
-            v = t.get("versions", {})
-            lines.append(f"{t['emulator']} on a {t['host']} host; aarch64 wheels: "
-                         + ", ".join(f"{k} {v[k]}" for k in ("onnxruntime", "numpy", "torch", "executorch") if k in v)
-                         + f"; Debian bookworm arm64 Python {v.get('python', '?')}. CPU models:")
-            lines += [f"- `{cpu}` ({c['seconds']:.0f} s): {c['cpu_features']}" for cpu, c in t["cpu_models"].items()]
-            lines.append("")
-        lines += ["| artifact | CPU model | compared with | max abs err | tol | top-1 | ppl / ref ppl | "
-                  f"x86 vs {target} max abs | greedy = eager | s | passed |", "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
-        for row in target_rows(manifest, target):
-            r, c = row["result"], row["check"]
-            ok = "yes" if r["passed"] else f"**NO**: {r.get('reason', '')}"
-            cells = "– | – | – | – | –" if c is None else (
-                f"{c['reference']} | {c['max_abs_logit_error']:.2e} | {c['tolerance']['max_abs_logit_error']:.2e} | "
-                f"{c['top1_agreement']:.4f} | {c['perplexity']:.3f} / {c['reference_perplexity']:.3f}")
-            x86, greedy = r.get("x86_vs_arm64_max_abs"), r.get("greedy_decode")
-            per_run = (f"{'–' if x86 is None else f'{x86:.2e}'} | "
-                       f"{'–' if greedy is None else ('yes' if greedy['identical_to_eager_fp32'] else 'no')} | "
-                       f"{r.get('seconds', 0):.1f} | {ok}") if row["first"] else " | | | "
-            lines.append(f"| {row['artifact']} | {row['cpu']} | {cells} | {per_run} |")
-        lines += [f"\nNot checked on {target}: {s['path']} ({s['reason']})" for s in t.get("skipped", [])]
-        lines += [f"- {f}" for f in t.get("failures", [])]
+        lines += _target_section(manifest, target, t)
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
+# ---- CLI ----
+def main(argv=None, target_main=None) -> int:
+    """python -m hrm_edge.parity. target_main(args, manifest, target, cpu models, skip) -> exit code runs the
+    gate on another target (the script entry below passes hrm_edge.arm64.target_main)."""
     p = argparse.ArgumentParser(prog="python -m hrm_edge.parity", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=Path, help="export folder (holds manifest.json)")
     p.add_argument("--bundle-only", action="store_true",
@@ -531,7 +468,10 @@ def main(argv=None) -> int:
         formats.add("ort")
     skip = {f: f"not asked for (--formats {a.formats})" for f in {"onnx", "ort", "pte"} - formats}
     if a.target != "host":
-        return _main_target(a, manifest, a.target, cpus, skip)
+        if target_main is None:
+            raise UserError(f"--target {a.target}: run it as python -m hrm_edge.parity (the emulated gate is "
+                            "hrm_edge.arm64's)")
+        return target_main(a, manifest, a.target, cpus, skip)
     if a.bundle_only and "pte" in formats:
         import importlib.util
 
@@ -539,10 +479,10 @@ def main(argv=None) -> int:
             skip["pte"] = "executorch is not installed here"
     print(f"parity check of {a.dir} on {host_target()}{' (bundle only)' if a.bundle_only else ''}")
     ok = run_gate(a.dir, manifest, recompute_reference=not a.bundle_only, skip=skip)
-    return _verdict(ok, "", a.dir, manifest["skipped"][host_target()], manifest["failures"])
+    return verdict(ok, "", a.dir, manifest["skipped"][host_target()], manifest["failures"])
 
 
-def _verdict(ok: bool, where: str, out_dir: Path, skipped: list, failures: list) -> int:
+def verdict(ok: bool, where: str, out_dir: Path, skipped: list, failures: list) -> int:
     """The CLI's last lines: verdict, report path, what was not checked; failures on stderr. Exit code."""
     print(f"{'PASSED' if ok else 'FAILED'}{where}: report in {out_dir / REPORT}"
           + (f"; {len(skipped)} artifact(s) NOT checked: {', '.join(s['path'] for s in skipped)}" if skipped else ""))
@@ -551,27 +491,8 @@ def _verdict(ok: bool, where: str, out_dir: Path, skipped: list, failures: list)
     return 0 if ok else 1
 
 
-def _main_target(a, manifest: dict, target: str, cpus: list[str], skip: dict) -> int:
-    print(f"parity check of {a.dir} on {target} (emulated CPU models: {', '.join(cpus)})"
-          f"{' (bundle only)' if a.bundle_only else ''}")
-    t0 = time.time()
-    ok = run_target_gate(a.dir, manifest, target, cpus, skip=skip, recompute_reference=not a.bundle_only)
-    t = manifest["targets"][target]
-    print(f"\n{'artifact':<34} {'CPU model':<11} {'compared with':<24} {'max abs':>9} {'tol':>9} {'top-1':>7} "
-          f"{'x86 vs ' + target:>15} {'s':>6}  result")
-    for row in target_rows(manifest, target):
-        r, c = row["result"], row["check"]
-        x86 = r.get("x86_vs_arm64_max_abs")
-        cells = (f"{'–':<24} {'–':>9} {'–':>9} {'–':>7}" if c is None else
-                 f"{c['reference'].split(' (')[0][:24]:<24} {c['max_abs_logit_error']:9.2e} "
-                 f"{c['tolerance']['max_abs_logit_error']:9.2e} {c['top1_agreement']:7.4f}")
-        if row["first"]:
-            print(f"{row['artifact']:<34} {row['cpu']:<11} {cells} {'–' if x86 is None else f'{x86:.2e}':>15} "
-                  f"{r.get('seconds', 0):6.1f}  {'PASS' if r['passed'] else 'FAIL: ' + r.get('reason', '')[:200]}")
-        else:
-            print(f"{'':<46} {cells}")
-    return _verdict(ok, f" on {target} in {time.time() - t0:.0f} s", a.dir, t["skipped"], t["failures"])
-
-
 if __name__ == "__main__":
-    run_cli(main)
+    # The emulated targets' gate (hrm_edge.arm64) builds on this module: the script imports it, the module never does.
+    from hrm_edge import arm64, parity
+
+    run_cli(lambda argv: parity.main(argv, target_main=arm64.target_main))

@@ -221,3 +221,32 @@ def all_linear_int8_names(model) -> set:
     """Every nn.Linear (block and gates) plus the tied table: what the ExecuTorch int8 programs quantize."""
     names = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     return {f"{n}.weight" for n in names} | {"embed.weight"}
+
+
+# ---- each int8 mode as the manifest describes it (an artifact's "quantization" record), one place per mode ----
+EVERY_LINEAR_PER_CHANNEL = "int8 symmetric per output channel (every linear: block and gates)"
+ROW_SCALED_TABLE = "int8 per row, one table shared by gather and head (weight-only head)"
+
+
+def static_onnx_quantization(plan: StaticInt8Plan, calibration_sha256: str) -> dict:
+    """The static int8 ONNX Loop graphs (export_onnx.quantize_static_int8 of `plan`)."""
+    return {"mode": "static", "activation_scales": "per_step" if plan.per_step else "shared",
+            "activations": "uint8 asymmetric per tensor, calibrated",
+            "weights": f"int8 symmetric per output channel ({', '.join(plan.int8_linears)})",
+            "embedding": "int8 with per-row and per-column scales, one table shared by gather and head (weight-only head)",
+            "fp32": ", ".join(("gates", "attention scores") + plan.fp32_linears),
+            "calibration_sha256": calibration_sha256}
+
+
+def dynamic_quantization() -> dict:
+    """The dynamic int8 ExecuTorch programs (dynamic_int8_model): no calibration."""
+    return {"mode": "dynamic", "activation_scales": "dynamic per token",
+            "activations": "int8 dynamic asymmetric per token", "weights": EVERY_LINEAR_PER_CHANNEL,
+            "embedding": ROW_SCALED_TABLE, "calibration_sha256": None}
+
+
+def pt2e_quantization(calibration_sha256: str) -> dict:
+    """The static PT2E ExecuTorch program (static_int8_pt2e_model)."""
+    return {"mode": "static", "activation_scales": "per_step (one observer per unrolled node)",
+            "activations": "int8 per tensor, calibrated (PT2E XNNPACKQuantizer)", "weights": EVERY_LINEAR_PER_CHANNEL,
+            "embedding": ROW_SCALED_TABLE, "calibration_sha256": calibration_sha256}

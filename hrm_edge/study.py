@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hrm_edge.checkpoint import CONFIG, STATE, TOKENIZER, load_model
 from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text, check_writable_dir, sha256_file
@@ -161,7 +162,7 @@ def _read_json(path: Path) -> dict:
 def train_entry(b: Budget, e: Entry, out: Path, resume: bool, threads: int, progress: bool, log) -> dict:
     """Train one model into out/NAME (or keep its finished result) and write out/NAME/result.json."""
     from hrm_edge.model import parameter_counts
-    from hrm_edge.train import STATE, TOKENIZER, load_model, train
+    from hrm_edge.train import train
 
     folder = out / e.name
     want = model_config(b, e)
@@ -173,7 +174,7 @@ def train_entry(b: Budget, e: Entry, out: Path, resume: bool, threads: int, prog
         return result
     continue_training = resume and (folder / STATE).is_file()
     if continue_training:
-        have = _read_json(folder / "config.json")
+        have = _read_json(folder / CONFIG)
         # train() fits vocab_size to the tokenizer and max_seq_len to seq_len; everything else must match
         differs = sorted(k for k, v in _jsonable(want).items() if k not in ("vocab_size", "max_seq_len") and have.get(k) != v)
         if differs:
@@ -240,7 +241,6 @@ def export_entry(e: Entry, out: Path, threads: int, log) -> dict:
     from hrm_edge.export_executorch import export_pte_decode
     from hrm_edge.quantize import dynamic_int8_model
     from hrm_edge.tokenizer import bos_id, eos_id, load_tokenizer
-    from hrm_edge.train import TOKENIZER, load_model
 
     folder = out / e.name
     result = _read_json(folder / RESULT)
@@ -390,9 +390,22 @@ def render(study: dict) -> str:
 # ---------------------------------------------------------------- the study
 
 
-def run_study(b: Budget, out: Path, only: list[str] | None = None, resume: bool = False, threads: int = 0,
-              decode_threads: int = 1, decode_ablations: bool = False, progress: bool = True,
-              command: str = "python -m hrm_edge.study", log=print) -> dict:
+@dataclass
+class StudyOptions:
+    """How to run a study (the CLI's flags)."""
+
+    only: list[str] | None = None  # model names to train (None: all); the table lists every finished one
+    resume: bool = False  # continue the study in `out` (otherwise `out` must not hold one)
+    threads: int = 0  # CPU threads for training, tokenizing and lowering (0: all cores)
+    decode_threads: int = 1
+    decode_ablations: bool = False  # also lower and time every ablation's int8 program
+    progress: bool = True
+    command: str = "python -m hrm_edge.study"  # recorded in study.json
+
+
+def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=print) -> dict:
+    o = options or StudyOptions()
+    only, resume, threads, progress = o.only, o.resume, o.threads, o.progress
     t_start = time.perf_counter()
     out = check_writable_dir(out)
     entries = study_entries(b)
@@ -402,7 +415,7 @@ def run_study(b: Budget, out: Path, only: list[str] | None = None, resume: bool 
         if unknown:
             raise UserError(f"--only: unknown model(s) {', '.join(unknown)}; known: {', '.join(names)}")
     # a study is there once a model has started training (a checkpoint) or finished (a result)
-    started = sorted({p.parent.name for pattern in (f"*/{RESULT}", "*/train_state.json") for p in out.glob(pattern)})
+    started = sorted({p.parent.name for pattern in (f"*/{RESULT}", f"*/{STATE}") for p in out.glob(pattern)})
     if started and not resume:
         raise UserError(f"{out} already holds a study ({', '.join(started)}); pass --resume to continue it, "
                         f"or choose another --out")
@@ -415,7 +428,7 @@ def run_study(b: Budget, out: Path, only: list[str] | None = None, resume: bool 
     import hrm_edge.bench  # noqa: F401
     import hrm_edge.export_executorch  # noqa: F401
     import hrm_edge.quantize  # noqa: F401
-    from hrm_edge.export import _versions
+    from hrm_edge.export import versions
 
     selected = [e for e in entries if not only or e.name in only]
 
@@ -428,16 +441,16 @@ def run_study(b: Budget, out: Path, only: list[str] | None = None, resume: bool 
     results = [_read_json(out / e.name / RESULT) for e in entries if (out / e.name / RESULT).is_file()]
     check_same_setup(results)
 
-    decoded = [e for e in entries if (out / e.name / RESULT).is_file() and (e.role != "ablation" or decode_ablations)]
+    decoded = [e for e in entries if (out / e.name / RESULT).is_file() and (e.role != "ablation" or o.decode_ablations)]
     for e in decoded:
         export_entry(e, out, threads, log)
-    decode = measure_decode(b, decoded, out, decode_threads, progress, log) if decoded else {}
+    decode = measure_decode(b, decoded, out, o.decode_threads, progress, log) if decoded else {}
 
     results = [_read_json(out / e.name / RESULT) for e in entries if (out / e.name / RESULT).is_file()]
     by_name = {r["name"]: r for r in results}
     ref, hrm, eq = (next(e.name for e in entries if e.role == role) for role in ("reference", "hrm", "equal-compute"))
     study = {
-        "command": command, "budget": _jsonable(b), "versions": _versions(),
+        "command": o.command, "budget": _jsonable(b), "versions": versions(),
         "machine": {"machine": platform.machine(), "processor": _cpu_name(), "cpus": os.cpu_count()},
         "threads": threads, "reference": ref, "hrm": hrm, "equal_compute": eq,
         "tokenizer_sha256": results[0]["tokenizer_sha256"] if results else None,
@@ -485,9 +498,10 @@ def main(argv=None) -> int:
     if a.threads:
         # the BPE trainer and encoder run on a rayon pool that reads this when first used
         os.environ.setdefault("RAYON_NUM_THREADS", str(a.threads))
-    study = run_study(budget, a.out, only=only, resume=a.resume, threads=a.threads, decode_threads=a.decode_threads,
-                      decode_ablations=a.decode_ablations, progress=not a.no_progress,
-                      command=shlex.join(["python", "-m", "hrm_edge.study", *argv]))
+    study = run_study(budget, a.out, StudyOptions(only=only, resume=a.resume, threads=a.threads,
+                                                  decode_threads=a.decode_threads, decode_ablations=a.decode_ablations,
+                                                  progress=not a.no_progress,
+                                                  command=shlex.join(["python", "-m", "hrm_edge.study", *argv])))
     print()
     print(render(study))
     print(f"wrote {a.out / 'study.json'} and {a.out / 'study.md'}")

@@ -28,18 +28,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from hrm_edge.config import ModelConfig, Preset, load_preset
-from hrm_edge.data import bytes_per_token, encode_documents, fixed_windows, load_corpus, random_batch
+from hrm_edge.checkpoint import OPTIMIZER, STATE, TOKENIZER, load_model, load_optimizer, save_checkpoint
+from hrm_edge.config import Preset, load_preset
+from hrm_edge.data import Corpus, bytes_per_token, encode_documents, fixed_windows, load_corpus, random_batch
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_path, atomic_write_text, check_writable_dir
+from hrm_edge.io import atomic_write_text, check_writable_dir
 from hrm_edge.model import HRMLM, parameter_counts
 from hrm_edge.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
-
-CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, STATE = (
-    "config.json", "model.safetensors", "tokenizer.json", "optimizer.safetensors", "train_state.json")
 
 
 @dataclass
@@ -81,49 +78,12 @@ def evaluate(model: HRMLM, windows: np.ndarray, bytes_per_tok: float, batch_size
     return EvalResult(loss, math.exp(loss), loss / math.log(2) / bytes_per_tok)
 
 
-def save_checkpoint(out: Path, model: HRMLM, opt, state: dict) -> None:
-    """Weights and optimizer first, state last: a state file always points at complete tensors."""
-    model.cfg.save(out / CONFIG)
-    with atomic_path(out / WEIGHTS) as tmp:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
-    if opt is not None:
-        flat = {}
-        for i, s in opt.state_dict()["state"].items():
-            for k, v in s.items():
-                flat[f"{i}.{k}"] = v.reshape(1) if v.dim() == 0 else v.contiguous()
-        with atomic_path(out / OPTIMIZER) as tmp:
-            save_file(flat, str(tmp))
-    atomic_write_text(out / STATE, json.dumps(state, indent=2) + "\n")
-
-
-def load_model(ckpt: Path) -> HRMLM:
-    ckpt = Path(ckpt)
-    for name in (CONFIG, WEIGHTS):
-        if not (ckpt / name).is_file():
-            raise UserError(f"checkpoint {ckpt} is missing {name}")
-    model = HRMLM(ModelConfig.load(ckpt / CONFIG))
-    try:
-        model.load_state_dict(load_file(str(ckpt / WEIGHTS)))
-    except Exception as e:
-        raise UserError(f"checkpoint {ckpt}: cannot load {WEIGHTS}: {e}") from None
-    return model.eval()
-
-
 def make_optimizer(model: HRMLM, tc):
     """AdamW; weight decay on matrices only (not norms, gate biases, init states)."""
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": tc.weight_decay},
                               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                              lr=tc.lr, betas=(0.9, 0.95))
-
-
-def _load_optimizer(opt, path: Path) -> None:
-    """Inverse of save_checkpoint's flattening: "<param index>.<state key>" -> optimizer state."""
-    sd = opt.state_dict()
-    for key, value in load_file(str(path)).items():
-        index, name = key.split(".", 1)
-        sd["state"].setdefault(int(index), {})[name] = value.reshape(()) if name == "step" else value
-    opt.load_state_dict(sd)
 
 
 def _average_gradients(model: HRMLM, loss: torch.Tensor, world: int) -> torch.Tensor:
@@ -144,6 +104,82 @@ def _average_gradients(model: HRMLM, loss: torch.Tensor, world: int) -> torch.Te
     return flat[-1]
 
 
+@dataclass
+class ProcessGroup:
+    """This process's place in a data-parallel run: rank 0 of 1 without torchrun."""
+
+    distributed: bool
+    rank: int
+    world: int
+    device: torch.device
+
+
+def _process_group(batch_size: int) -> ProcessGroup:
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    if batch_size % world:
+        raise UserError(f"batch_size {batch_size} is not divisible by the number of processes ({world}); "
+                        f"the global batch is split evenly across them")
+    # NCCL only moves CUDA tensors: a GPU per process (main set it); otherwise everything stays on the CPU
+    device = torch.device("cuda", torch.cuda.current_device()) if distributed and dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    return ProcessGroup(distributed, rank, world, device)
+
+
+def _tokenizer(preset: Preset, out: Path, corpus: Corpus, resume: bool, group: ProcessGroup):
+    """The checkpoint's tokenizer when resuming; otherwise rank 0 trains it on training text and saves it,
+    and the other ranks load its file."""
+    if resume:
+        if not (out / STATE).is_file():
+            raise UserError(f"--resume: no checkpoint in {out} (missing {STATE})")
+        return load_tokenizer(out / TOKENIZER)
+    if group.rank != 0:
+        dist.barrier()  # rank 0 trains and saves the tokenizer (below); the others load its file
+        return load_tokenizer(out / TOKENIZER)
+    sample, n = [], 0
+    for text in corpus.train:  # the tokenizer sees training text only
+        if n >= preset.data.tokenizer_sample_bytes:
+            break
+        sample.append(text)
+        n += len(text)
+    tok = train_tokenizer(sample, preset.model.vocab_size)
+    save_tokenizer(tok, out / TOKENIZER)
+    if group.distributed:
+        dist.barrier()
+    return tok
+
+
+def _model_and_state(preset: Preset, out: Path, corpus: Corpus, tok, resume: bool, n_train: int, n_val: int):
+    """(model, train state): the checkpoint's when resuming, else a fresh model fitted to the tokenizer."""
+    tc = preset.train
+    if resume:
+        model = load_model(out).train()
+        state = json.loads((out / STATE).read_text())
+        if state.get("corpus_split_sha256") != corpus.names_sha256:
+            raise UserError(f"--resume: the corpus differs from the one {out} was trained on")
+        return model, state
+    mc = dataclasses.replace(preset.model, vocab_size=tok.get_vocab_size(),
+                             max_seq_len=max(preset.model.max_seq_len, tc.seq_len))
+    state = {"step": 0, "preset": preset.name, "train": dataclasses.asdict(tc), "data": dataclasses.asdict(preset.data),
+             "quant": dataclasses.asdict(preset.quant),
+             "corpus": corpus.source, "corpus_split_sha256": corpus.names_sha256,
+             "train_tokens": n_train, "val_tokens": n_val, "history": []}
+    return HRMLM(mc), state
+
+
+def _optimizer_step(model: HRMLM, opt, x: np.ndarray, y: np.ndarray, tc, group: ProcessGroup) -> torch.Tensor:
+    """One step on this rank's share (x, y [b, S]) of the global batch; returns the loss (the group's mean)."""
+    with torch.autocast(group.device.type, dtype=torch.bfloat16, enabled=tc.bf16_autocast):
+        loss, _ = model.loss(torch.from_numpy(x).to(group.device), torch.from_numpy(y).to(group.device))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if group.world > 1:
+        loss = _average_gradients(model, loss, group.world)  # before clipping: the norm is the global batch's
+    torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+    opt.step()
+    return loss
+
+
 def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True, log=print,
           stop_at: int | None = None) -> dict:
     """Train preset into `out` (a checkpoint folder). Returns the final train state.
@@ -151,15 +187,9 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     stop_at: checkpoint and stop after this step, as an interrupted run would (resume continues it).
     If a torch.distributed process group is initialized (see main), every rank must call this; each
     returns the same state."""
-    tc, mc = preset.train, preset.model
-    distributed = dist.is_available() and dist.is_initialized()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    if tc.batch_size % world:
-        raise UserError(f"batch_size {tc.batch_size} is not divisible by the number of processes ({world}); "
-                        f"the global batch is split evenly across them")
-    # NCCL only moves CUDA tensors: a GPU per process (main set it); otherwise everything stays on the CPU
-    device = torch.device("cuda", torch.cuda.current_device()) if distributed and dist.get_backend() == "nccl" \
-        else torch.device("cpu")
+    tc = preset.train
+    group = _process_group(tc.batch_size)
+    rank, world = group.rank, group.world
     if rank != 0:  # one process speaks for the group
         log, progress = (lambda *_: None), False
     out = check_writable_dir(out)
@@ -168,48 +198,20 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     torch.manual_seed(tc.seed)
 
     corpus = load_corpus(preset.data)
-    if resume:
-        if not (out / STATE).is_file():
-            raise UserError(f"--resume: no checkpoint in {out} (missing {STATE})")
-        tok = load_tokenizer(out / TOKENIZER)
-    elif rank != 0:
-        dist.barrier()  # rank 0 trains and saves the tokenizer (below); the others load its file
-        tok = load_tokenizer(out / TOKENIZER)
-    else:
-        sample, n = [], 0
-        for text in corpus.train:  # the tokenizer sees training text only
-            if n >= preset.data.tokenizer_sample_bytes:
-                break
-            sample.append(text)
-            n += len(text)
-        tok = train_tokenizer(sample, mc.vocab_size)
-        save_tokenizer(tok, out / TOKENIZER)
-        if distributed:
-            dist.barrier()
+    tok = _tokenizer(preset, out, corpus, resume, group)
     train_stream = encode_documents(tok, corpus.train)
     val_stream = encode_documents(tok, corpus.val)
     val_windows = fixed_windows(val_stream, tc.eval_batches * tc.batch_size, tc.seq_len)
     val_bpt = bytes_per_token(corpus.val, len(val_stream))
 
-    if resume:
-        model = load_model(out).train()
-        state = json.loads((out / STATE).read_text())
-        if state.get("corpus_split_sha256") != corpus.names_sha256:
-            raise UserError(f"--resume: the corpus differs from the one {out} was trained on")
-    else:
-        mc = dataclasses.replace(mc, vocab_size=tok.get_vocab_size(), max_seq_len=max(mc.max_seq_len, tc.seq_len))
-        model = HRMLM(mc)
-        state = {"step": 0, "preset": preset.name, "train": dataclasses.asdict(tc), "data": dataclasses.asdict(preset.data),
-                 "quant": dataclasses.asdict(preset.quant),
-                 "corpus": corpus.source, "corpus_split_sha256": corpus.names_sha256,
-                 "train_tokens": int(len(train_stream)), "val_tokens": int(len(val_stream)), "history": []}
-    model.to(device)
-    if distributed:  # every rank built the same init from the same seed (or loaded the same file); make sure
+    model, state = _model_and_state(preset, out, corpus, tok, resume, int(len(train_stream)), int(len(val_stream)))
+    model.to(group.device)
+    if group.distributed:  # every rank built the same init from the same seed (or loaded the same file); make sure
         for t in model.state_dict().values():
             dist.broadcast(t, 0)
     opt = make_optimizer(model, tc)
     if resume and (out / OPTIMIZER).is_file():
-        _load_optimizer(opt, out / OPTIMIZER)
+        load_optimizer(opt, out / OPTIMIZER)
     total, unique = parameter_counts(model)
     log(f"model: {model.cfg.arch}, {unique:,} unique parameters ({total:,} counting each block application), "
         f"T={model.cfg.n_steps}; train {len(train_stream):,} tokens, val {len(val_stream):,} tokens")
@@ -231,14 +233,7 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
         if world > 1:  # this rank's contiguous share of it
             share = tc.batch_size // world
             x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=tc.bf16_autocast):
-            loss, _ = model.loss(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if world > 1:
-            loss = _average_gradients(model, loss, world)  # before clipping: the norm is the global batch's
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
+        loss = _optimizer_step(model, opt, x, y, tc, group)
         tokens_since += x.size * world
         now = time.perf_counter()
         bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_since / max(now - t_last, 1e-9):.0f}")
@@ -259,7 +254,7 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
         if done == stop_at:
             break
     bar.close()
-    if distributed:
+    if group.distributed:
         dist.barrier()  # rank 0's checkpoint is on disk before any rank returns (and, say, resumes from it)
     if start >= tc.steps:
         log(f"{out} is already trained to step {start}")
@@ -340,12 +335,7 @@ def main(argv=None) -> int:
                         "prints a table, and writes train_speed.json into --out if given")
     a = p.parse_args(argv)
     preset = load_preset(a.preset)
-    if a.corpus:
-        preset.data.corpus = a.corpus
-    if a.steps is not None:
-        if a.steps < 1:
-            raise UserError("--steps must be >= 1")
-        preset.train.steps = a.steps
+    preset.override(a.corpus, a.steps)
     if a.seed is not None:
         preset.train.seed = a.seed
     if a.threads is not None:

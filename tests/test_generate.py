@@ -69,7 +69,7 @@ def load_text_llm_runner():
 def test_executorch_text_llm_runner_runs_our_program(tiny_export):
     from hrm_edge.generate import EagerDecoder, generate
     from hrm_edge.tokenizer import load_tokenizer
-    from hrm_edge.train import load_model
+    from hrm_edge.checkpoint import load_model
 
     runner_mod = load_text_llm_runner()
     runner = runner_mod.TextLLMRunner(str(tiny_export / "hrm.fp32.kv.pte"), str(tiny_export / "tokenizer.json"))

@@ -114,3 +114,20 @@ def test_static_plan_keeps_named_linears_fp32():
     assert not torch.equal(ref.block.ffn.w_up.weight, model.block.ffn.w_up.weight)  # int8-rounded
     with pytest.raises(UserError, match="unknown block linear"):
         parse_linear_names("ffn.w_dwn")
+
+
+def test_quantization_records_describe_each_mode():
+    """The manifest's description of each int8 mode (one definition per mode, in quantize.py)."""
+    from hrm_edge.quantize import dynamic_quantization, pt2e_quantization, static_onnx_quantization
+
+    torch.manual_seed(0)
+    model = HRMLM(ModelConfig(vocab_size=97, d_model=32, n_heads=4, max_seq_len=32, H_cycles=1, L_cycles=1)).eval()
+    ranges = activation_ranges(model, np.random.default_rng(0).integers(0, 97, size=(2, 16)))
+    per_step = static_onnx_quantization(static_plan(model, ranges, True, ("ffn.w_down",)), "abc")
+    assert per_step["mode"] == "static" and per_step["activation_scales"] == "per_step"
+    assert per_step["fp32"] == "gates, attention scores, ffn.w_down" and "ffn.w_down" not in per_step["weights"]
+    assert per_step["calibration_sha256"] == "abc"
+    shared = static_onnx_quantization(static_plan(model, ranges, False), "abc")
+    assert shared["activation_scales"] == "shared" and shared["fp32"] == "gates, attention scores"
+    assert dynamic_quantization()["mode"] == "dynamic" and dynamic_quantization()["calibration_sha256"] is None
+    assert pt2e_quantization("abc")["mode"] == "static" and pt2e_quantization("abc")["calibration_sha256"] == "abc"

@@ -1,0 +1,100 @@
+"""A checkpoint folder: its file names, saving and loading it, and the configs it was trained with.
+
+    config.json            ModelConfig
+    model.safetensors      the weights
+    tokenizer.json         the BPE tokenizer
+    optimizer.safetensors  AdamW state (training only; flattened, see save_checkpoint)
+    train_state.json       step, preset, data / train / quant configs, metrics
+
+The parity gate loads a model from here to re-derive its reference, so this module is light: importing it
+needs no torch (torch, safetensors and the model are imported by the functions that load or save tensors).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from hrm_edge.config import DataConfig, ModelConfig, QuantConfig, from_dict
+from hrm_edge.errors import UserError
+from hrm_edge.io import atomic_path, atomic_write_text
+
+CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, STATE = (
+    "config.json", "model.safetensors", "tokenizer.json", "optimizer.safetensors", "train_state.json")
+
+
+def save_model(out: Path, model) -> None:
+    """config.json and model.safetensors: what load_model reads."""
+    from safetensors.torch import save_file
+
+    model.cfg.save(out / CONFIG)
+    with atomic_path(out / WEIGHTS) as tmp:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+
+
+def save_checkpoint(out: Path, model, opt, state: dict) -> None:
+    """Weights and optimizer first, state last: a state file always points at complete tensors."""
+    from safetensors.torch import save_file
+
+    save_model(out, model)
+    if opt is not None:
+        flat = {}
+        for i, s in opt.state_dict()["state"].items():
+            for k, v in s.items():
+                flat[f"{i}.{k}"] = v.reshape(1) if v.dim() == 0 else v.contiguous()
+        with atomic_path(out / OPTIMIZER) as tmp:
+            save_file(flat, str(tmp))
+    atomic_write_text(out / STATE, json.dumps(state, indent=2) + "\n")
+
+
+def load_model(ckpt: Path):
+    """The HRMLM of a checkpoint folder, in eval mode."""
+    from safetensors.torch import load_file
+
+    from hrm_edge.model import HRMLM
+
+    ckpt = Path(ckpt)
+    for name in (CONFIG, WEIGHTS):
+        if not (ckpt / name).is_file():
+            raise UserError(f"checkpoint {ckpt} is missing {name}")
+    model = HRMLM(ModelConfig.load(ckpt / CONFIG))
+    try:
+        model.load_state_dict(load_file(str(ckpt / WEIGHTS)))
+    except Exception as e:
+        raise UserError(f"checkpoint {ckpt}: cannot load {WEIGHTS}: {e}") from None
+    return model.eval()
+
+
+def load_optimizer(opt, path: Path) -> None:
+    """Inverse of save_checkpoint's flattening: "<param index>.<state key>" -> optimizer state."""
+    from safetensors.torch import load_file
+
+    sd = opt.state_dict()
+    for key, value in load_file(str(path)).items():
+        index, name = key.split(".", 1)
+        sd["state"].setdefault(int(index), {})[name] = value.reshape(()) if name == "step" else value
+    opt.load_state_dict(sd)
+
+
+def load_train_state(ckpt: Path) -> dict:
+    """train_state.json of a checkpoint folder; {} for a folder without one (e.g. the weights alone)."""
+    path = Path(ckpt) / STATE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def configs_for(ckpt: Path, corpus: str | None = None) -> tuple[DataConfig, QuantConfig]:
+    """The data and quant configs a checkpoint was trained with (its validation split is the parity set);
+    `corpus` replaces the recorded corpus."""
+    state, where = load_train_state(ckpt), str(Path(ckpt) / STATE)
+    data = from_dict(DataConfig, state.get("data", {}), where)
+    quant = from_dict(QuantConfig, state.get("quant", {}), where)
+    if corpus:
+        data.corpus = corpus
+    return data, quant
+
+
+def copy_model_files(src: Path, dest: Path) -> None:
+    """config.json, model.safetensors and tokenizer.json of checkpoint `src` into `dest` (atomically, each)."""
+    for name in (CONFIG, WEIGHTS, TOKENIZER):
+        with atomic_path(dest / name) as tmp:
+            shutil.copyfile(src / name, tmp)
