@@ -101,7 +101,17 @@ class TrainConfig:
     eval_batches: int = 8
     checkpoint_every: int = 500
     threads: int = 0  # 0 = torch default
-    bf16_autocast: bool = False  # bf16 matmuls on CPUs with AVX-512-BF16/AMX (faster here); eval stays fp32
+    # bf16 matmuls where the CPU has them natively (AVX-512-BF16 or AMX: 1.48x fp32 measured on Zen 4) or on a
+    # GPU; elsewhere training stays fp32 (an AVX2 CPU ran bf16 autocast 36x slower than fp32). Eval stays fp32.
+    bf16_autocast: bool = False
+    compile: bool = False  # torch.compile the training step (measured with --speed-test before choosing it)
+    # the seed's training ideas (study rows): a curriculum over iterations (the first curriculum_steps steps
+    # run 1 outer cycle, then all), and distillation (KL on logits at distill_temperature, weight
+    # distill_weight) from a teacher checkpoint trained with the same tokenizer
+    curriculum_steps: int = 0
+    distill_from: str = ""
+    distill_weight: float = 0.5
+    distill_temperature: float = 1.0
 
 
 @dataclass

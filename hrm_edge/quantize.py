@@ -2,13 +2,16 @@
 
 Static int8 (the ONNX Loop artifact):
   - weights of the shared block's linears: int8, symmetric, one scale per output channel;
-  - their inputs: uint8, asymmetric, one scale and zero point per tensor, either per iteration step
-    ([T] vectors indexed by the loop counter inside the Loop body) or one shared across all steps;
+  - their inputs: int8, asymmetric, one scale and zero point per tensor, either per iteration step
+    ([T] vectors indexed by the loop counter inside the Loop body) or one shared across all steps.
+    int8, not uint8: onnxruntime's uint8 x int8 MatMulInteger saturates its int16 pair sums on x86 CPUs
+    without VNNI (measured on an AVX2 EPYC: int32 results off by up to 5e4, top-1 0.63 on the default
+    model), while int8 x int8 (and uint8 x uint8) are exact there and on ARM64;
   - the tied embedding table: int8 with one scale per row (= per output channel of the head), stored
     once and read by both the embedding gather and the head (weight-only: the head's input stays fp32);
   - the gates (a few percent of the weights) and attention's activation x activation products stay fp32,
     and so do the block linears named in the preset's quant.static_fp32_linears (the default model keeps
-    ffn.w_down in fp32: the SwiGLU product it reads is heavy-tailed, and its per-tensor uint8 input alone
+    ffn.w_down in fp32: the SwiGLU product it reads is heavy-tailed, and its per-tensor 8-bit input alone
     cost 3% top-1 agreement, more than all other linears together).
 
 The eager reference applies exactly these roundings to the eager model (fake quantization with the
@@ -25,16 +28,15 @@ import torch
 
 from hrm_edge.calibrate import BLOCK_LINEARS
 
-UINT8_MAX = 255
-INT8_MAX = 127
+INT8_MIN, INT8_MAX = -128, 127
 
 
 def activation_qparams(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """uint8 asymmetric (scale, zero point) covering [lo, hi] and 0 (so that 0 is exact)."""
+    """int8 asymmetric (scale, zero point) covering [lo, hi] and 0 (so that 0 is exact)."""
     lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, dtype=np.float64), 0.0)
-    scale = np.maximum((hi - lo) / UINT8_MAX, 1e-8).astype(np.float32)
-    zero_point = np.clip(np.round(-lo / scale), 0, UINT8_MAX).astype(np.uint8)
+    scale = np.maximum((hi - lo) / (INT8_MAX - INT8_MIN), 1e-8).astype(np.float32)
+    zero_point = np.clip(np.round(INT8_MIN - lo / scale), INT8_MIN, INT8_MAX).astype(np.int8)
     return scale, zero_point
 
 
@@ -62,7 +64,7 @@ class StaticInt8Plan:
     per_step: bool
     fp32_linears: tuple  # block linears left in fp32 (sensitive ones), the others are int8
     act_scale: dict  # linear name -> float32 [T]
-    act_zero_point: dict  # linear name -> uint8 [T]
+    act_zero_point: dict  # linear name -> int8 [T]
     weight_q: dict  # linear name -> int8 [N, K]
     weight_scale: dict  # linear name -> float32 [N]
     embed_q: np.ndarray  # int8 [V, D]
@@ -105,8 +107,8 @@ def static_plan(model, ranges: dict, per_step: bool, fp32_linears: tuple = ()) -
 
 
 def fake_quant_activation(x: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
-    # what QuantizeLinear then DequantizeLinear compute: round half to even, saturate to uint8
-    q = torch.clamp(torch.round(x / scale) + zero_point, 0, UINT8_MAX)
+    # what QuantizeLinear then DequantizeLinear compute: round half to even, saturate to int8
+    q = torch.clamp(torch.round(x / scale) + zero_point, INT8_MIN, INT8_MAX)
     return (q - zero_point) * scale
 
 
@@ -231,7 +233,7 @@ ROW_SCALED_TABLE = "int8 per row, one table shared by gather and head (weight-on
 def static_onnx_quantization(plan: StaticInt8Plan, calibration_sha256: str) -> dict:
     """The static int8 ONNX Loop graphs (export_onnx.quantize_static_int8 of `plan`)."""
     return {"mode": "static", "activation_scales": "per_step" if plan.per_step else "shared",
-            "activations": "uint8 asymmetric per tensor, calibrated",
+            "activations": "int8 asymmetric per tensor, calibrated",
             "weights": f"int8 symmetric per output channel ({', '.join(plan.int8_linears)})",
             "embedding": "int8 with per-row and per-column scales, one table shared by gather and head (weight-only head)",
             "fp32": ", ".join(("gates", "attention scores") + plan.fp32_linears),

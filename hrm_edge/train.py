@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from hrm_edge.checkpoint import OPTIMIZER, STATE, TOKENIZER, load_model, load_optimizer, save_checkpoint
@@ -167,10 +168,54 @@ def _model_and_state(preset: Preset, out: Path, corpus: Corpus, tok, resume: boo
     return HRMLM(mc), state
 
 
-def _optimizer_step(model: HRMLM, opt, x: np.ndarray, y: np.ndarray, tc, group: ProcessGroup) -> torch.Tensor:
+def native_bf16(device: torch.device) -> bool:
+    """bf16 autocast pays only with native bf16 matmuls: a GPU, or a CPU with AVX-512-BF16 or AMX."""
+    if device.type != "cpu":
+        return True
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
+@dataclass
+class TrainStep:
+    """What one optimizer step runs: the (maybe compiled) loss, bf16 or not, and the optional teacher."""
+
+    loss_fn: object  # (tokens, targets, n_cycles) -> (loss, logits)
+    bf16: bool
+    teacher: HRMLM | None = None
+
+
+def make_train_step(model: HRMLM, tc, device: torch.device, log=print) -> TrainStep:
+    bf16 = tc.bf16_autocast and native_bf16(device)
+    if tc.bf16_autocast and not bf16:
+        log("bf16 autocast is off: this CPU has no native bf16 (AVX-512-BF16 or AMX); training in fp32")
+    teacher = None
+    if tc.distill_from:
+        teacher = load_model(Path(tc.distill_from)).to(device).eval()
+        if teacher.cfg.vocab_size != model.cfg.vocab_size:
+            raise UserError(f"train.distill_from: the teacher's vocabulary ({teacher.cfg.vocab_size}) is not the "
+                            f"student's ({model.cfg.vocab_size}); train both with the same tokenizer")
+        teacher.requires_grad_(False)
+    return TrainStep(torch.compile(model.loss) if tc.compile else model.loss, bf16, teacher)
+
+
+def distillation_loss(logits, teacher_logits, temperature: float):
+    """KL(teacher || student) per position [B, S, V] at `temperature`, scaled by T^2 (Hinton et al.)."""
+    s = F.log_softmax(logits.flatten(0, 1).float() / temperature, dim=-1)
+    t = F.log_softmax(teacher_logits.flatten(0, 1).float() / temperature, dim=-1)
+    return F.kl_div(s, t, log_target=True, reduction="batchmean") * temperature ** 2
+
+
+def _optimizer_step(model: HRMLM, opt, batch: tuple, step: int, run: TrainStep, tc, group: ProcessGroup) -> torch.Tensor:
     """One step on this rank's share (x, y [b, S]) of the global batch; returns the loss (the group's mean)."""
-    with torch.autocast(group.device.type, dtype=torch.bfloat16, enabled=tc.bf16_autocast):
-        loss, _ = model.loss(torch.from_numpy(x).to(group.device), torch.from_numpy(y).to(group.device))
+    x, y = (torch.from_numpy(a).to(group.device) for a in batch)
+    n_cycles = 1 if step < tc.curriculum_steps else None  # the curriculum: shallow first
+    with torch.autocast(group.device.type, dtype=torch.bfloat16, enabled=run.bf16):
+        loss, logits = run.loss_fn(x, y, n_cycles)
+        if run.teacher is not None:
+            with torch.no_grad():
+                teacher_logits = run.teacher(x)
+            kl = distillation_loss(logits, teacher_logits, tc.distill_temperature)
+            loss = (1 - tc.distill_weight) * loss + tc.distill_weight * kl
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if group.world > 1:
@@ -212,6 +257,8 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     opt = make_optimizer(model, tc)
     if resume and (out / OPTIMIZER).is_file():
         load_optimizer(opt, out / OPTIMIZER)
+    run = make_train_step(model, tc, group.device, log)
+    state["precision"] = "bf16 autocast" if run.bf16 else "fp32"
     total, unique = parameter_counts(model)
     log(f"model: {model.cfg.arch}, {unique:,} unique parameters ({total:,} counting each block application), "
         f"T={model.cfg.n_steps}; train {len(train_stream):,} tokens, val {len(val_stream):,} tokens")
@@ -233,7 +280,7 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
         if world > 1:  # this rank's contiguous share of it
             share = tc.batch_size // world
             x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
-        loss = _optimizer_step(model, opt, x, y, tc, group)
+        loss = _optimizer_step(model, opt, (x, y), step, run, tc, group)
         tokens_since += x.size * world
         now = time.perf_counter()
         bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_since / max(now - t_last, 1e-9):.0f}")
@@ -263,43 +310,50 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
 
 def training_speed(preset: Preset, steps: int = 12, warmup: int = 3, log=print) -> list[dict]:
     """Training tokens/s of the preset's model under each CPU speed-up choice, measured, not assumed:
-    fp32, bf16 autocast, bf16 with twice the batch, bf16 + torch.compile. Random tokens (speed does not
+    fp32, fp32 + torch.compile, bf16 autocast, bf16 + torch.compile (the bf16 rows only where the CPU has
+    native bf16; elsewhere they are listed as skipped, with the reason). Random tokens (speed does not
     depend on the text); median step time after `warmup` steps (torch.compile compiles during those)."""
     mc, tc = preset.model, preset.train
     mc = dataclasses.replace(mc, max_seq_len=max(mc.max_seq_len, tc.seq_len))
-    variants = [("fp32", tc.batch_size, False, False), ("bf16 autocast", tc.batch_size, True, False),
-                ("bf16 autocast, batch x2", 2 * tc.batch_size, True, False),
-                ("bf16 autocast + torch.compile", tc.batch_size, True, True)]
     rows = []
-    for name, batch, bf16, compiled in variants:
-        torch.manual_seed(tc.seed)
-        model = HRMLM(mc).train()
-        opt = make_optimizer(model, tc)
-        loss_fn = torch.compile(model.loss) if compiled else model.loss
-        gen = torch.Generator().manual_seed(0)
-        times = []
-        try:
-            for i in range(warmup + steps):
-                x = torch.randint(0, mc.vocab_size, (batch, tc.seq_len), generator=gen)
-                t = time.perf_counter()
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    loss, _ = loss_fn(x, x)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                if i >= warmup:
-                    times.append(time.perf_counter() - t)
-            step_s = sorted(times)[len(times) // 2]
-            row = {"variant": name, "batch_size": batch, "tokens_per_s": batch * tc.seq_len / step_s, "step_s": step_s}
-        except Exception as e:  # e.g. torch.compile without a working C++ toolchain: reported, not fatal
-            row = {"variant": name, "batch_size": batch, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+    for name, bf16, compiled in [("fp32", False, False), ("fp32 + torch.compile", False, True),
+                                 ("bf16 autocast", True, False), ("bf16 autocast + torch.compile", True, True)]:
+        if bf16 and not native_bf16(torch.device("cpu")):
+            row = {"variant": name, "batch_size": tc.batch_size, "skipped": "no native bf16 on this CPU"}
+        else:
+            row = _time_training_steps(mc, tc, bf16, compiled, steps, warmup) | {"variant": name}
         rows.append(row)
-        log(f"  {name:<32} " + (f"{row['tokens_per_s']:8.0f} tokens/s" if "error" not in row else row["error"]))
+        result = row.get("error") or row.get("skipped") or f"{row['tokens_per_s']:8.0f} tokens/s"
+        log(f"  {name:<32} {result}")
     base = rows[0].get("tokens_per_s")
     for row in rows:
         if base and "tokens_per_s" in row:
             row["vs_fp32"] = row["tokens_per_s"] / base
     return rows
+
+
+def _time_training_steps(mc, tc, bf16: bool, compiled: bool, steps: int, warmup: int) -> dict:
+    torch.manual_seed(tc.seed)
+    model = HRMLM(mc).train()
+    opt = make_optimizer(model, tc)
+    loss_fn = torch.compile(model.loss) if compiled else model.loss
+    gen = torch.Generator().manual_seed(0)
+    times = []
+    try:
+        for i in range(warmup + steps):
+            x = torch.randint(0, mc.vocab_size, (tc.batch_size, tc.seq_len), generator=gen)
+            t = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss, _ = loss_fn(x, x)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
+    except Exception as e:  # e.g. torch.compile without a working C++ toolchain: reported, not fatal
+        return {"batch_size": tc.batch_size, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+    step_s = sorted(times)[len(times) // 2]
+    return {"batch_size": tc.batch_size, "tokens_per_s": tc.batch_size * tc.seq_len / step_s, "step_s": step_s}
 
 
 def _init_distributed() -> None:
@@ -330,8 +384,9 @@ def main(argv=None) -> int:
                         "the cores divided by the processes per machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs only)")
     p.add_argument("--speed-test", action="store_true",
-                   help="do not train: measure training tokens/s of the preset's model with fp32, bf16 autocast, "
-                        "bf16 with twice the batch and bf16 + torch.compile (--steps timed steps each, default 12); "
+                   help="do not train: measure training tokens/s of the preset's model with fp32, fp32 + torch.compile, "
+                        "bf16 autocast and bf16 + torch.compile (bf16 only on CPUs with native bf16) (--steps timed "
+                        "steps each, default 12); "
                         "prints a table, and writes train_speed.json into --out if given")
     a = p.parse_args(argv)
     preset = load_preset(a.preset)
@@ -348,7 +403,8 @@ def main(argv=None) -> int:
         rows = training_speed(preset, steps=a.steps or 12)
         table = ["| variant | batch | tokens/s | vs fp32 |", "|---|---:|---:|---:|"] + [
             f"| {r['variant']} | {r['batch_size']} | " + (f"{r['tokens_per_s']:.0f} | {r['vs_fp32']:.2f}x |"
-                                                          if "tokens_per_s" in r else f"failed: {r['error']} | – |")
+                                                          if "tokens_per_s" in r else
+                                                          f"{'skipped: ' + r['skipped'] if 'skipped' in r else 'failed: ' + r['error']} | – |")
             for r in rows]
         print("\n".join(table))
         if a.out:

@@ -54,7 +54,7 @@ def test_empty_or_short_calibration_corpus_is_a_clear_error(tok, tmp_path):
 
 def test_qparams_round_trip():
     scale, zp = activation_qparams(np.array([-1.0, -0.5]), np.array([3.0, 0.5]))
-    assert scale.dtype == np.float32 and zp.dtype == np.uint8
+    assert scale.dtype == np.float32 and zp.dtype == np.int8
     x = torch.linspace(-1, 3, 1000)
     err = (fake_quant_activation(x, float(scale[0]), int(zp[0])) - x).abs().max().item()
     assert err <= scale[0] / 2 + 1e-6
