@@ -30,7 +30,7 @@ import numpy as np
 from hrm_edge.checkpoint import load_model
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text
-from hrm_edge.manifest import read_manifest
+from hrm_edge.manifest import read_manifest, verify_files
 from hrm_edge.parity import host_target
 
 
@@ -369,6 +369,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-baseline", action="store_true", help="skip the unshared equal-compute baseline and the "
                    "onnxruntime quantize_dynamic baseline")
     p.add_argument("--json", type=Path, help="where to write the JSON results (default DIR/bench.json)")
+    p.add_argument("--no-verify", action="store_true", help="run the artifacts without first checking them against "
+                   "the manifest's sha256 (for artifacts edited on purpose)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one artifact in this process
     p.add_argument("--one-decode", help=argparse.SUPPRESS)  # internal: one KV-cache program
     a = p.parse_args(argv)
@@ -381,6 +383,7 @@ def main(argv=None) -> int:
         print(json.dumps(measure_decode_one(a.dir, a.one_decode, a.threads, a.prompt_len, a.new_tokens, a.repeats)))
         return 0
     manifest = read_manifest(a.dir)
+    verify_files(a.dir, manifest, no_verify=a.no_verify)  # every file it loads; its children trust this check
     context = manifest["model"]["max_seq_len"]
     prompt_len = a.prompt_len or min(128, context // 2)
     new_tokens = a.new_tokens or min(128, context - prompt_len)

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from hrm_edge.config import DataConfig, ModelConfig, QuantConfig, from_dict
-from hrm_edge.errors import UserError
+from hrm_edge.errors import UserError, first_line
 from hrm_edge.io import atomic_path, atomic_write_text
 
 CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, STATE = (
@@ -48,7 +48,8 @@ def save_checkpoint(out: Path, model, opt, state: dict) -> None:
 
 
 def load_model(ckpt: Path):
-    """The HRMLM of a checkpoint folder, in eval mode."""
+    """The HRMLM of a checkpoint folder, in eval mode. A user error (one line) for a missing file, unreadable
+    weights, or weights that do not fit config.json (the first mismatching tensor, both shapes, the file)."""
     from safetensors.torch import load_file
 
     from hrm_edge.model import HRMLM
@@ -59,10 +60,28 @@ def load_model(ckpt: Path):
             raise UserError(f"checkpoint {ckpt} is missing {name}")
     model = HRMLM(ModelConfig.load(ckpt / CONFIG))
     try:
-        model.load_state_dict(load_file(str(ckpt / WEIGHTS)))
-    except Exception as e:
-        raise UserError(f"checkpoint {ckpt}: cannot load {WEIGHTS}: {e}") from None
+        weights = load_file(str(ckpt / WEIGHTS))
+    except Exception as e:  # safetensors raises its own error types for a truncated or foreign file
+        raise UserError(f"checkpoint {ckpt}: cannot load {WEIGHTS}: {first_line(e)}") from None
+    check_weights_fit(model.state_dict(), weights, ckpt)
+    model.load_state_dict(weights)
     return model.eval()
+
+
+def check_weights_fit(expected: dict, weights: dict, ckpt: Path) -> None:
+    """Every tensor config.json implies is in the weights file with its shape, and nothing else is: otherwise a
+    user error naming the first tensor that differs (torch's own message is a multi-line dump of them all)."""
+    where = f"{ckpt / WEIGHTS} does not match {ckpt / CONFIG}"
+    for name, tensor in expected.items():
+        if name not in weights:
+            raise UserError(f"{where}: tensor {name!r} ({list(tensor.shape)} from the config) is not in the file")
+        if weights[name].shape != tensor.shape:
+            raise UserError(f"{where}: tensor {name!r} has shape {list(weights[name].shape)} in the file, "
+                            f"{list(tensor.shape)} from the config")
+    extra = sorted(set(weights) - set(expected))
+    if extra:
+        raise UserError(f"{where}: the file has tensor {extra[0]!r} {list(weights[extra[0]].shape)}, which the "
+                        f"config has no place for" + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
 
 
 def load_optimizer(opt, path: Path) -> None:

@@ -5,7 +5,9 @@ one token at a time from the KV cache, streaming the text as it comes.
     echo "import os" | python -m hrm_edge.complete --artifacts export/out --runtime onnx --temperature 0.8
 
 The last line reports prefill and decode tokens/s. --runtime eager runs the PyTorch model from the same
-folder (model.safetensors) with its KV cache.
+folder (model.safetensors) with its KV cache. Before loading anything, the files it will load (tokenizer.json
+and the program, or config.json and model.safetensors) are checked against the manifest's sha256;
+--no-verify skips that check (for artifacts edited on purpose).
 """
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from hrm_edge.errors import UserError, run_cli
+from hrm_edge.errors import UserError, first_line, run_cli
 from hrm_edge.generate import Sampling, generate
-from hrm_edge.manifest import Artifact, read_manifest
+from hrm_edge.manifest import Artifact, read_manifest, verify_files
 
 RUNTIMES = ("executorch", "onnx", "eager")
+MAX_THREADS = 256
 
 
 def pick_artifact(manifest: dict, runtime: str, precision: str) -> Artifact:
@@ -31,20 +34,76 @@ def pick_artifact(manifest: dict, runtime: str, precision: str) -> Artifact:
     return candidates[0]
 
 
-def make_decoder(out_dir: Path, manifest: dict, runtime: str, precision: str, threads: int):
-    from hrm_edge.generate import EagerDecoder, OnnxDecoder, PteDecoder
-
+def files_to_load(manifest: dict, runtime: str, precision: str) -> list[str]:
+    """What `runtime` loads from the export folder, as the manifest names it: the tokenizer, then the KV-cache
+    program (or, for eager, the checkpoint's config and weights). User errors for what the export lacks."""
+    if "tokenizer" not in manifest:
+        raise UserError("the manifest names no tokenizer; re-run python -m hrm_edge.export")
     if runtime == "eager":
         if precision != "fp32":
             raise UserError("--runtime eager runs the fp32 model; use --precision fp32")
-        from hrm_edge.checkpoint import load_model
-
-        return EagerDecoder(load_model(out_dir), threads), "model.safetensors"
+        ckpt = manifest.get("checkpoint") or {}
+        if not {"config", "weights"} <= set(ckpt):
+            raise UserError("the manifest names no checkpoint (config, weights); re-run python -m hrm_edge.export")
+        return [manifest["tokenizer"]["path"], ckpt["config"], ckpt["weights"]]
     art = pick_artifact(manifest, runtime, precision)
     if not next(iter((art.parity or {}).values()), {}).get("passed"):
         raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
+    return [manifest["tokenizer"]["path"], art.path]
+
+
+def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int):
+    """The decoder of the verified files (files_to_load's order: tokenizer first)."""
+    from hrm_edge.generate import EagerDecoder, OnnxDecoder, PteDecoder
+
+    if runtime == "eager":
+        from hrm_edge.checkpoint import load_model
+
+        return EagerDecoder(load_model(out_dir), threads)
     cls = PteDecoder if runtime == "executorch" else OnnxDecoder
-    return cls(out_dir / art.path, threads), art.path
+    return cls(files[1], threads)
+
+
+def read_prompt(arg: str | None) -> str:
+    """The prompt from the argument or stdin (bytes, decoded here so that bad UTF-8 is one error line); a user
+    error if it is empty or not valid Unicode (a lone surrogate from undecodable command-line bytes)."""
+    if arg is None:
+        raw = sys.stdin.buffer.read()
+        try:
+            arg = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"the prompt on stdin is not UTF-8 text (bad byte at offset {e.start})") from None
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"the prompt is not valid UTF-8 text (undecodable character at offset {e.start})") from None
+    if not arg:
+        raise UserError("empty prompt (give it as an argument or on stdin)")
+    return arg
+
+
+class TextStream:
+    """Streams decoded text token by token: a piece is written once its characters are complete (a multi-byte
+    character split across tokens decodes to a trailing U+FFFD until its last byte arrives)."""
+
+    def __init__(self, tok, write):
+        self.tok, self.write = tok, write
+        self.ids: list[int] = []
+        self.printed = ""
+
+    def add(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.tok.decode(self.ids)
+        if not text.endswith("\ufffd") and text.startswith(self.printed):
+            self.write(text[len(self.printed):])
+            self.printed = text
+
+    def finish(self) -> None:
+        """What is left (an incomplete character is written as U+FFFD)."""
+        text = self.tok.decode(self.ids)
+        if text.startswith(self.printed):
+            self.write(text[len(self.printed):])
+            self.printed = text
 
 
 def main(argv=None) -> int:
@@ -62,44 +121,49 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1, like one phone core)")
     p.add_argument("--truncate", action="store_true",
                    help="keep the last tokens of a prompt longer than the context instead of refusing it")
+    p.add_argument("--no-verify", action="store_true",
+                   help="load the files without checking them against the manifest's sha256 (for artifacts edited on "
+                        "purpose; they are still refused if they are missing or lie outside the folder)")
     a = p.parse_args(argv)
-    if a.max_new_tokens < 1:
-        raise UserError("--max-new-tokens must be >= 1")
-    if a.temperature < 0 or not 0 < a.top_p <= 1 or a.top_k < 0:
-        raise UserError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
-    prompt = a.prompt if a.prompt is not None else sys.stdin.read()
-    if not prompt:
-        raise UserError("empty prompt (give it as an argument or on stdin)")
+    if a.max_new_tokens < 1 or not 0 <= a.threads <= MAX_THREADS or a.seed < 0:
+        raise UserError(f"--max-new-tokens must be >= 1, --threads in 0..{MAX_THREADS}, --seed >= 0")
+    # (written so that NaN fails too) a positive temperature below 1e-4 overflows the scaled logits: 0 is greedy
+    if not (a.temperature == 0 or 1e-4 <= a.temperature <= 1e4) or not 0 < a.top_p <= 1 or a.top_k < 0:
+        raise UserError("--temperature must be 0 (greedy) or in [1e-4, 1e4], --top-p in (0, 1], --top-k >= 0")
+    prompt = read_prompt(a.prompt)
 
     from hrm_edge.tokenizer import eos_id, load_tokenizer
 
     manifest = read_manifest(a.artifacts)
-    tok = load_tokenizer(a.artifacts / manifest["tokenizer"]["path"])
+    files = verify_files(a.artifacts, manifest, files_to_load(manifest, a.runtime, a.precision), a.no_verify)
+    tok = load_tokenizer(files[0])
     ids = tok.encode(prompt, add_special_tokens=False).ids
+    if not ids:
+        raise UserError("the prompt encodes to no tokens")
     context = manifest["model"]["max_seq_len"]
     room = context - 1  # at least one new token
     if len(ids) > room:
         if not a.truncate:
             raise UserError(f"the prompt is {len(ids)} tokens, the context holds {context}; shorten it or pass --truncate")
         ids = ids[-room:]
-    decoder, name = make_decoder(a.artifacts, manifest, a.runtime, a.precision, a.threads)
+    try:
+        decoder = make_decoder(a.artifacts, a.runtime, files, a.threads)
+    except UserError:
+        raise
+    except Exception as e:  # a runtime that cannot load a file (edited and run with --no-verify): one line
+        raise UserError(f"{a.runtime} cannot load {files[-1].name}: {first_line(e)}") from None
 
-    new_ids: list[int] = []
-    printed = ""
-    sys.stdout.write(prompt)
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
-    def on_token(token: int):
-        nonlocal printed
-        new_ids.append(token)
-        text = tok.decode(new_ids)
-        if not text.endswith("\ufffd"):  # wait until a multi-byte character is complete
-            sys.stdout.write(text[len(printed):])
-            sys.stdout.flush()
-            printed = text
-
+    write(prompt)
+    stream = TextStream(tok, write)
     g = generate(decoder, ids, a.max_new_tokens, Sampling(a.temperature, a.top_k, a.top_p, a.seed),
-                 eos_id=eos_id(tok), on_token=on_token)
-    sys.stdout.write(tok.decode(new_ids)[len(printed):] + "\n")
+                 eos_id=eos_id(tok), on_token=stream.add)
+    stream.finish()
+    write("\n")
+    name = files[-1].name
     stop = "EOS" if g.stopped_at_eos else "max length"
     print(f"[{a.runtime} {name}, {a.threads} thread(s)] prefill {len(ids)} tokens at {g.prefill_tokens_per_s:.0f} "
           f"tokens/s, decode {len(g.tokens)} tokens at {g.decode_tokens_per_s:.0f} tokens/s (stopped at {stop})")

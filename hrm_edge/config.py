@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,11 @@ class ModelConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self):
+        check_fields("model", self, {
+            "vocab_size": POSITIVE, "d_model": POSITIVE, "n_heads": POSITIVE, "ffn_hidden": NON_NEGATIVE,
+            "max_seq_len": POSITIVE, "H_cycles": POSITIVE, "L_cycles": NON_NEGATIVE, "gate_rank": NON_NEGATIVE,
+            "slow_gate_bias": FINITE, "fast_gate_bias": FINITE, "gate_dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+            "aux_loss_weight": NON_NEGATIVE, "n_layers": POSITIVE, "rope_theta": POSITIVE, "norm_eps": POSITIVE})
         if self.arch not in ("hrm", "transformer"):
             raise UserError(f"model.arch must be 'hrm' or 'transformer', got {self.arch!r}")
         if self.d_model % self.n_heads:
@@ -74,7 +80,11 @@ class ModelConfig:
 
     @classmethod
     def load(cls, path: Path) -> "ModelConfig":
-        return from_dict(cls, json.loads(Path(path).read_text()), str(path))
+        try:
+            values = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise UserError(f"{path}: not a readable JSON model config ({e})") from None
+        return from_dict(cls, values, str(path))
 
 
 @dataclass
@@ -84,6 +94,14 @@ class DataConfig:
     val_percent: int = 5  # files whose path hash falls in this bucket are validation
     calib_percent: int = 5  # next bucket: calibration (never validation)
     tokenizer_sample_bytes: int = 4_000_000  # how much training text the BPE trainer sees
+
+    def __post_init__(self):
+        percent = (lambda v: 0 <= v <= 100, "in 0..100")
+        check_fields("data", self, {"max_corpus_bytes": NON_NEGATIVE, "val_percent": percent, "calib_percent": percent,
+                                    "tokenizer_sample_bytes": POSITIVE})
+        if self.val_percent + self.calib_percent > 100:
+            raise UserError(f"data.val_percent + data.calib_percent must be <= 100, got "
+                            f"{self.val_percent} + {self.calib_percent}")
 
 
 @dataclass
@@ -113,6 +131,14 @@ class TrainConfig:
     distill_weight: float = 0.5
     distill_temperature: float = 1.0
 
+    def __post_init__(self):
+        check_fields("train", self, {
+            "seed": NON_NEGATIVE, "seq_len": POSITIVE, "batch_size": POSITIVE, "steps": POSITIVE, "lr": POSITIVE,
+            "min_lr": NON_NEGATIVE, "warmup_steps": NON_NEGATIVE, "weight_decay": NON_NEGATIVE,
+            "grad_clip": POSITIVE, "eval_every": POSITIVE, "eval_batches": POSITIVE, "checkpoint_every": POSITIVE,
+            "threads": NON_NEGATIVE, "curriculum_steps": NON_NEGATIVE, "distill_weight": UNIT,
+            "distill_temperature": POSITIVE})
+
 
 @dataclass
 class QuantConfig:
@@ -123,6 +149,10 @@ class QuantConfig:
     # quality gate of every int8 artifact against fp32 eager, on the validation split
     int8_min_top1: float = 0.97
     int8_max_ppl_ratio: float = 1.02
+
+    def __post_init__(self):
+        check_fields("quant", self, {"calib_samples": POSITIVE, "calib_seed": NON_NEGATIVE, "int8_min_top1": UNIT,
+                                     "int8_max_ppl_ratio": (lambda v: 1 <= v < math.inf, ">= 1")})
 
 
 @dataclass
@@ -143,12 +173,43 @@ class Preset:
             self.train.steps = steps
 
 
+# ---- validation: a wrong type or an out-of-range value is one error line, not a crash deep in training ----
+# (predicate, what the value must be); every comparison with NaN is False, so NaN fails each of them
+POSITIVE = (lambda v: 0 < v < math.inf, "> 0")
+NON_NEGATIVE = (lambda v: 0 <= v < math.inf, ">= 0")
+FINITE = (lambda v: -math.inf < v < math.inf, "finite")
+UNIT = (lambda v: 0 <= v <= 1, "in [0, 1]")
+
+
+def check_fields(section: str, cfg, rules: dict) -> None:
+    """Every field has its default's type (an int also serves as a float; a bool is not an int), and each field
+    named in `rules` satisfies its predicate; otherwise a user error naming `section`.field."""
+    for f in dataclasses.fields(cfg):
+        value, want = getattr(cfg, f.name), type(f.default)
+        ok = isinstance(value, want) and not (isinstance(value, bool) and want is not bool)
+        if want is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok:
+            raise UserError(f"{section}.{f.name} must be {_TYPE_NAMES.get(want, want.__name__)}, got {value!r}")
+    for name, (valid, what) in rules.items():
+        if not valid(getattr(cfg, name)):
+            raise UserError(f"{section}.{name} must be {what}, got {getattr(cfg, name)!r}")
+
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
 def from_dict(cls, values: dict, where: str):
+    if not isinstance(values, dict):
+        raise UserError(f"{where}: expected a table of {cls.__name__} keys, got {type(values).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
         raise UserError(f"{where}: unknown key(s) {', '.join(unknown)} for {cls.__name__}")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except UserError as e:  # a value out of range: say which file (or table) it came from
+        raise UserError(f"{where}: {e}") from None
 
 
 def presets_dir() -> Path:

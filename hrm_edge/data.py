@@ -280,7 +280,8 @@ def random_batch(stream: np.ndarray, batch_size: int, seq_len: int, seed: int, s
     """Batch for one training step, a pure function of (seed, step): resume replays it exactly."""
     rng = np.random.default_rng([seed, step])
     if len(stream) < seq_len + 2:
-        raise UserError(f"training split has {len(stream)} tokens, fewer than seq_len + 2 = {seq_len + 2}")
+        raise UserError(f"the corpus is smaller than one training window: its training split has {len(stream)} tokens, "
+                        f"a window needs seq_len + 2 = {seq_len + 2}; give it more text or lower train.seq_len")
     starts = rng.integers(0, len(stream) - seq_len - 1, size=batch_size)
     window = np.stack([stream[s : s + seq_len + 1] for s in starts]).astype(np.int64)  # [B, S + 1]
     return window[:, :-1], window[:, 1:]
@@ -290,5 +291,6 @@ def fixed_windows(stream: np.ndarray, n: int, seq_len: int) -> np.ndarray:
     """Up to n non-overlapping windows of seq_len + 1 tokens from the start of a stream, [n, S + 1]."""
     n = min(n, (len(stream) - 1) // seq_len)
     if n < 1:
-        raise UserError(f"validation split has {len(stream)} tokens, fewer than seq_len + 1 = {seq_len + 1}")
+        raise UserError(f"the corpus is smaller than one window: its validation split has {len(stream)} tokens, a "
+                        f"window needs seq_len + 1 = {seq_len + 1}; give it more text or lower train.seq_len")
     return np.stack([stream[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)]).astype(np.int64)

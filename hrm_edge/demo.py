@@ -24,8 +24,8 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import sha256_file
-from hrm_edge.parity import load_bundle, read_manifest
+from hrm_edge.manifest import contained_path, manifest_json, read_manifest, verify_files
+from hrm_edge.parity import load_bundle
 from hrm_edge.web_bundle import WEB_BUNDLE, web_bundle_bytes, write_web_bundle
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -82,26 +82,8 @@ def web_packages(log=print) -> Path:
 
 
 # ---- what is served from the export folder ----
-def export_file(out_dir: Path, rel: str) -> Path:
-    """out_dir/rel, refusing absolute paths, `..` and anything (symlinks included) that resolves outside out_dir."""
-    if Path(rel).is_absolute() or ".." in Path(rel).parts:
-        raise UserError(f"the manifest names {rel!r}, which is not a plain path inside {out_dir}")
-    path = out_dir / rel
-    if not path.resolve().is_relative_to(out_dir.resolve()):
-        raise UserError(f"{rel} in {out_dir} is a link to a file outside the export folder; refusing to serve it")
-    if not path.is_file():
-        raise UserError(f"{rel} is missing from {out_dir} (listed in its manifest)")
-    return path
-
-
-def check_sha256(path: Path, expected: str) -> None:
-    if sha256_file(path) != expected:
-        raise UserError(f"{path.name} does not match the sha256 in manifest.json (the file was modified); "
-                        f"re-export, or pass --no-verify to serve it anyway")
-
-
-def kv_artifacts(manifest: dict) -> list[dict]:
-    arts = [a for a in manifest["artifacts"] if a["program"] == "kv_cache" and a["format"] in ("onnx", "ort")]
+def kv_artifacts(manifest: dict) -> list:
+    arts = [a for a in manifest["artifacts"] if a.program == "kv_cache" and a.format in ("onnx", "ort")]
     if not arts:
         raise UserError("the export has no ONNX KV-cache artifact (*.kv.onnx), which the page runs; "
                         "re-run python -m hrm_edge.export with ONNX")
@@ -113,50 +95,42 @@ def web_bundle_path(out_dir: Path, manifest: dict, verify: bool, log=print) -> P
     the bytes it must have (rebuilt from the sha256-checked parity bundle). Written there if missing."""
     listed = manifest.get("web_bundle")
     if listed:
-        path = export_file(out_dir, listed["path"])
-        if verify:
-            check_sha256(path, listed["sha256"])
-        return path
-    path = out_dir / WEB_BUNDLE
+        return verify_files(out_dir, manifest, [listed["path"]], no_verify=not verify)[0]
+    path = contained_path(out_dir, WEB_BUNDLE)
     if path.is_file() and not verify:
-        return export_file(out_dir, WEB_BUNDLE)
-    bundle_path = export_file(out_dir, manifest["parity_bundle"]["path"])
-    if verify:
-        check_sha256(bundle_path, manifest["parity_bundle"]["sha256"])
-    bundle = load_bundle(bundle_path)
+        return path
+    bundle = load_bundle(verify_files(out_dir, manifest, [manifest["parity_bundle"]["path"]], no_verify=not verify)[0])
+    as_json = json.loads(manifest_json(manifest))  # hrm_edge.web_bundle reads the manifest as JSON
     if not path.is_file():
         try:
-            write_web_bundle(out_dir, manifest, bundle)
+            write_web_bundle(out_dir, as_json, bundle)
         except OSError as e:
             raise UserError(f"cannot write {path}: {e.strerror or e}") from None
         log(f"[demo] wrote the web parity bundle {path} ({path.stat().st_size:,} bytes)")
-    elif export_file(out_dir, WEB_BUNDLE).read_bytes() != web_bundle_bytes(manifest, bundle):
+    elif path.read_bytes() != web_bundle_bytes(as_json, bundle):
         raise UserError(f"{WEB_BUNDLE} does not match the export's parity bundle (the file was modified); delete "
                         f"it to have it rebuilt, or pass --no-verify to serve it anyway")
     return path
 
 
-def passed_gate(art: dict) -> bool:
-    return bool(art.get("parity")) and all(r.get("passed") for r in art["parity"].values())
+def passed_gate(art) -> bool:
+    return bool(art.parity) and all(r.get("passed") for r in art.parity.values())
 
 
 def export_routes(out_dir: Path, manifest: dict, verify: bool, log=print) -> tuple[dict, dict]:
-    """{url: file} of the export files the page needs, and the page's configuration (/demo.json)."""
+    """{url: file} of the export files the page needs (each checked against the manifest's sha256 unless not
+    `verify`), and the page's configuration (/demo.json)."""
     arts = kv_artifacts(manifest)
     tok = manifest["tokenizer"]
-    routes = {f"/export/{tok['path']}": export_file(out_dir, tok["path"])}
-    if verify:
-        check_sha256(routes[f"/export/{tok['path']}"], tok["sha256"])
+    files = verify_files(out_dir, manifest, [tok["path"]] + [a.path for a in arts], no_verify=not verify)
+    routes = {f"/export/{tok['path']}": files[0]}
     models = []
-    for art in arts:
-        path = export_file(out_dir, art["path"])
-        if verify:
-            check_sha256(path, art["sha256"])
-        routes[f"/export/{art['path']}"] = path
-        depth = f", {art['cycles']} outer cycle(s)" if "cycles" in art else ""
-        models.append({"id": art["path"], "url": f"/export/{art['path']}", "precision": art["precision"],
-                       "format": art["format"], "bytes": art["bytes"], "passed": passed_gate(art),
-                       "label": f"{art['precision']} {art['format']}{depth} ({art['bytes'] / 1e6:.1f} MB)"})
+    for art, path in zip(arts, files[1:]):
+        routes[f"/export/{art.path}"] = path
+        depth = f", {art.cycles} outer cycle(s)" if art.cycles is not None else ""
+        models.append({"id": art.path, "url": f"/export/{art.path}", "precision": art.precision,
+                       "format": art.format, "bytes": art.bytes, "passed": passed_gate(art),
+                       "label": f"{art.precision} {art.format}{depth} ({art.bytes / 1e6:.1f} MB)"})
     bundle = web_bundle_path(out_dir, manifest, verify, log)
     routes[f"/export/{bundle.name}"] = bundle
     # default: the smallest program that passed the parity gate (int8 first), else the first one

@@ -9,6 +9,11 @@ class UserError(Exception):
     """Bad input from the user (a path, a flag, a corpus): reported as one line, exit code 2."""
 
 
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message (a library's multi-line dump becomes one line of an error)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
+
+
 def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = None) -> None:
     try:
         code = main(argv)

@@ -24,7 +24,8 @@ import numpy as np
 from hrm_edge.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, configs_for, copy_model_files, load_model,
                                  load_train_state)
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_write_text, check_writable_dir, sha256_file
+from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
+                         sha256_file, staging_folder)
 from hrm_edge.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact
 from hrm_edge.parity import eager_logits, perplexity, run_gate, tolerances, write_bundle
 
@@ -126,10 +127,43 @@ class ExportRun:
         return any(a.path == name for a in self.artifacts)
 
 
-# ---- the stages, in the order export_all runs them ----
+# ---- the output folder: one export at a time, published whole ----
+EXPORT_MARKER = ".hrm-export"  # in every folder an export writes: "an export's folder", and its lock (pid inside)
+STAGING = ".export-staging"  # inside the folder: where a running export writes, until it is published
+
+
 def export_all(out: Path, options: ExportOptions | None = None, log=print) -> bool:
-    """The whole pipeline into `out`. Returns True when every artifact passed the parity gate."""
-    run = prepare_checkpoint(out, options or ExportOptions(), log)
+    """The whole pipeline into `out`, under its lock. The files are written into a staging folder inside `out`
+    and moved in (manifest last) only when the gate has written the manifest: an export that fails part-way
+    (a bad input, a full disk) leaves the folder's previous export as it was. Returns True when every
+    artifact passed the parity gate."""
+    options, out = options or ExportOptions(), Path(out)
+    check_output_folder(out, options.checkpoint)
+    with folder_lock(out, EXPORT_MARKER, log), staging_folder(out, STAGING) as staging:
+        with one_line_write_errors(out):
+            ok = export_stages(out, staging, options, log)
+            publish(staging, out, last=(REPORT, MANIFEST))
+    log(f"[export] published into {out}")
+    return ok
+
+
+def check_output_folder(out: Path, checkpoint: Path | None) -> None:
+    """`out` is created if missing and must be writable; an existing folder must be empty, an earlier export's
+    (manifest.json, or the marker every export leaves) or the checkpoint being exported: an export is never mixed
+    into a folder of other files."""
+    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    check_writable_dir(out)
+    if entries and MANIFEST not in entries and EXPORT_MARKER not in entries and not (
+            checkpoint is not None and Path(checkpoint).resolve() == out.resolve()):
+        shown = ", ".join(entries[:3]) + (", …" if len(entries) > 3 else "")
+        raise UserError(f"--out {out} is not an export folder and holds other files ({shown}); refusing to mix an "
+                        "export into it: choose a new or empty folder, or an earlier export's")
+
+
+# ---- the stages, in the order export_stages runs them ----
+def export_stages(out: Path, staging: Path, options: ExportOptions, log=print) -> bool:
+    """Every stage, writing into `staging` (a preset is trained into out/checkpoint, which stays)."""
+    run = prepare_checkpoint(out, options, log, staging)
     build_parity_set(run)
     with pte_workers(run):  # the .pte programs are lowered in worker processes meanwhile
         export_fp32_onnx(run)
@@ -140,15 +174,13 @@ def export_all(out: Path, options: ExportOptions | None = None, log=print) -> bo
     return gate(run, build_manifest(run))
 
 
-def prepare_checkpoint(out: Path, options: ExportOptions, log=print) -> ExportRun:
-    """The output folder (without an earlier run's manifest), the checkpoint (given, or trained here from the
-    preset), its model and tokenizer, and a copy of its files in `out`."""
+def prepare_checkpoint(out: Path, options: ExportOptions, log=print, staging: Path | None = None) -> ExportRun:
+    """The checkpoint (given, or trained from the preset into out/checkpoint), its model and tokenizer, and a
+    copy of its files in `staging`, where the run writes (default: `out` itself)."""
     from hrm_edge.tokenizer import load_tokenizer
 
     out = check_writable_dir(out)
-    # A manifest from an earlier run must never describe the files this run is about to replace.
-    for stale in (MANIFEST, REPORT):
-        (out / stale).unlink(missing_ok=True)
+    staging = out if staging is None else staging
     for leftover in out.glob(".*.tmp"):  # temp files of a run that was killed before its rename
         leftover.unlink()
     if options.checkpoint is not None:
@@ -164,10 +196,10 @@ def prepare_checkpoint(out: Path, options: ExportOptions, log=print) -> ExportRu
     tok = load_tokenizer(checkpoint / TOKENIZER)
     if tok.get_vocab_size() != model.cfg.vocab_size:
         raise UserError(f"checkpoint {checkpoint}: tokenizer has {tok.get_vocab_size()} tokens, model {model.cfg.vocab_size}")
-    if checkpoint.resolve() != out.resolve():
-        copy_model_files(checkpoint, out)
+    if checkpoint.resolve() != staging.resolve():
+        copy_model_files(checkpoint, staging)
     int8 = options.int8 if options.int8 is not None else parse_int8_modes(quant_cfg.int8_modes)
-    return ExportRun(out, options, log, checkpoint, model, tok, data_cfg, quant_cfg,
+    return ExportRun(staging, options, log, checkpoint, model, tok, data_cfg, quant_cfg,
                      min(seq_len, model.cfg.max_seq_len), int8)
 
 

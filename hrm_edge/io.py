@@ -1,11 +1,20 @@
-"""Atomic file writes: an interrupted run never leaves a truncated file under its final name."""
+"""Atomic file writes: an interrupted run never leaves a truncated file under its final name. A whole folder is
+written the same way: into a staging folder beside its files, under a lock, and published at the end (an
+export that fails part-way leaves the folder's earlier contents as they were)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
+
+from hrm_edge.errors import UserError
+
+# a write that failed for want of room: disk full, over a file-size limit (RLIMIT_FSIZE), over quota, read-only
+WRITE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS)
 
 
 @contextlib.contextmanager
@@ -21,6 +30,11 @@ def atomic_path(path: Path):
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the mode a plain open() would
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno not in WRITE_ERRNOS:
+            raise
+        # name the file being written (the error names the temp file, or nothing when numpy or onnx wrote it)
+        raise OSError(e.errno, e.strerror, str(path)) from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -51,8 +65,6 @@ def sha256_file(path: Path) -> str:
 
 def check_writable_dir(path: Path) -> Path:
     """Create `path` if needed and prove we can write there, before any long work starts."""
-    from hrm_edge.errors import UserError
-
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -62,3 +74,94 @@ def check_writable_dir(path: Path) -> Path:
     except OSError as e:
         raise UserError(f"output folder {path} is not writable: {e.strerror or e}") from None
     return path
+
+
+# ---- a folder written as a whole ----
+def write_failure(e: BaseException) -> OSError | None:
+    """The failed write (disk full, file-size limit, quota, read-only) behind `e`, or None: an OSError with one of
+    WRITE_ERRNOS in e's chain of causes (a worker process's error arrives with its type), or such an error's text
+    in a message (a tool run as a subprocess reports it in its stderr)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in WRITE_ERRNOS:
+            return e
+        for code in WRITE_ERRNOS:
+            if os.strerror(code) in str(e):
+                return OSError(code, os.strerror(code))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+@contextlib.contextmanager
+def one_line_write_errors(where: Path):
+    """A failed write inside the with-block becomes a user error naming the file (one line, exit code 2)."""
+    try:
+        yield
+    except Exception as e:
+        failure = write_failure(e)
+        if failure is None:
+            raise
+        what = f"{Path(failure.filename).name} into {where}" if failure.filename else f"into {where}"
+        raise UserError(f"cannot write {what}: {failure.strerror} (out of disk space, or over a file-size limit or "
+                        "quota); nothing was published, the folder holds what it held before") from None
+
+
+@contextlib.contextmanager
+def folder_lock(folder: Path, name: str, log=print):
+    """Hold an exclusive lock on folder/name (created if missing), which records the holder's pid while it is
+    held. flock: the kernel releases it when the holder dies, so the file of a killed run is recognised as a
+    stale lock and taken over. Another live holder is a user error naming its pid."""
+    import fcntl
+
+    f = open(Path(folder) / name, "a+")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown pid"
+            raise UserError(f"{folder} is being written by another run ({holder}); wait for it to finish, or choose "
+                            "another folder") from None
+        f.seek(0)
+        stale = f.read().strip()
+        if stale:
+            log(f"[lock] {folder}: the run of {stale} did not finish (killed?); taking over its stale lock")
+        _rewrite(f, f"pid {os.getpid()}\n")
+        try:
+            yield
+        finally:
+            _rewrite(f, "")  # an empty file: a finished run, not a stale lock
+    finally:
+        f.close()  # releases the flock
+
+
+def _rewrite(f, text: str) -> None:
+    f.seek(0)
+    f.truncate()
+    f.write(text)
+    f.flush()
+
+
+@contextlib.contextmanager
+def staging_folder(folder: Path, name: str):
+    """A new empty folder/name for the with-block to write into (a leftover of a killed run is removed first);
+    removed with its contents if the block fails. Call it under folder_lock: it is the only writer's."""
+    staging = Path(folder) / name
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish(staging: Path, folder: Path, last: tuple[str, ...]) -> None:
+    """Move every file of `staging` into `folder` (renames on one file system), replacing files of the same name.
+    The names in `last` (the manifest, which lists the others) are removed from `folder` first and moved in last,
+    in that order: a reader meanwhile sees no manifest, never one listing files being replaced."""
+    for name in last:
+        (Path(folder) / name).unlink(missing_ok=True)
+    files = sorted(p for p in Path(staging).iterdir() if p.name not in last)
+    for path in files + [Path(staging) / n for n in last if (Path(staging) / n).exists()]:
+        os.replace(path, Path(folder) / path.name)

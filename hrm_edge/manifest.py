@@ -5,15 +5,22 @@ is read here (read_manifest) and written by the gate (hrm_edge.parity.write_mani
 "artifacts" are Artifact records; JSON only at the boundary (Artifact.to_json / from_json, which
 round-trip a manifest's entries exactly: the same keys and values, absent optional keys left out).
 numpy-free and torch-free: a phone-side check imports it.
+
+Trust: an export folder is copied, shared and served, so its readers check it rather than believe it.
+read_manifest refuses a manifest naming any path that could leave the folder (contained_path), before
+any listed file is opened; verify_files checks the files a command is about to load against the
+manifest's sha256 (the one check every reader uses: complete, bench, demo, parity).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from hrm_edge.errors import UserError
+from hrm_edge.io import sha256_file
 
 MANIFEST = "manifest.json"
 REPORT = "parity_report.md"
@@ -93,7 +100,118 @@ def read_manifest(out_dir: Path) -> dict:
         manifest = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{path}: not a manifest (a JSON object was expected)")
     if manifest.get("format_version") != MANIFEST_FORMAT:
         raise UserError(f"{path}: unsupported manifest format {manifest.get('format_version')!r}")
-    manifest["artifacts"] = [Artifact.from_json(a) for a in manifest.get("artifacts", [])]
+    check_structure(path, manifest)
+    manifest["artifacts"] = [Artifact.from_json(a) for a in manifest["artifacts"]]
+    for art in manifest["artifacts"]:
+        if not (isinstance(art.sha256, str) and isinstance(art.bytes, int) and isinstance(art.format, str)):
+            raise UserError(f"{path}: artifact {art.path!r} needs a string sha256 and format and an integer bytes")
+    for rel in listed_paths(manifest):  # before any listed file is opened
+        contained_path(out_dir, rel)
     return manifest
+
+
+def check_structure(path: Path, manifest: dict) -> None:
+    """The parts readers index without looking: a user error (not a KeyError or TypeError) if one is malformed."""
+    if not isinstance(manifest.get("model", {}), dict):
+        raise UserError(f"{path}: 'model' is not an object")
+    for key in ("tokenizer", "parity_bundle", "web_bundle"):
+        entry = manifest.get(key)
+        if entry is not None and not (isinstance(entry, dict) and all(isinstance(entry.get(k), str)
+                                                                     for k in ("path", "sha256"))):
+            raise UserError(f"{path}: {key!r} needs a \"path\" and a \"sha256\" string")
+    for key in ("checkpoint", "calibration"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            raise UserError(f"{path}: {key!r} is not an object")
+    artifacts = manifest.setdefault("artifacts", [])
+    if not isinstance(artifacts, list) or not all(isinstance(a, dict) for a in artifacts):
+        raise UserError(f"{path}: 'artifacts' must be a list of objects")
+
+
+# ---- trust: paths stay inside the folder, files are what the manifest says ----
+def listed_paths(manifest: dict) -> list:
+    """Every file path a manifest names (artifacts, the files they came from, tokenizer, bundles, checkpoint,
+    calibration), as written in it."""
+    paths = []
+    for art in manifest["artifacts"]:
+        paths += [art.path] + ([art.converted_from] if art.converted_from is not None else [])
+    for key in ("tokenizer", "parity_bundle", "web_bundle"):
+        if manifest.get(key) is not None:
+            paths.append(manifest[key]["path"])
+    for key, fields in (("checkpoint", ("config", "weights")), ("calibration", ("set", "ranges"))):
+        paths += [manifest[key][f] for f in fields if f in (manifest.get(key) or {})]
+    return paths
+
+
+def contained_path(out_dir: Path, rel) -> Path:
+    """out_dir / rel for a path the manifest names; a user error for anything that could leave the folder: not
+    a plain relative path (absolute, `..`, empty, a NUL byte), or a link resolving outside it. Opens nothing."""
+    if not isinstance(rel, str) or not rel or "\0" in rel or os.path.isabs(rel) or ".." in Path(rel).parts:
+        raise UserError(f"{Path(out_dir) / MANIFEST} names {rel!r}, which is not a plain path inside the export "
+                        "folder; refusing the folder")
+    path = Path(out_dir) / rel
+    try:
+        inside = path.resolve().is_relative_to(Path(out_dir).resolve())
+    except (OSError, RuntimeError):  # a link loop
+        inside = False
+    if not inside:
+        raise UserError(f"{rel} in {out_dir} is a link to a file outside the export folder; refusing the folder")
+    return path
+
+
+def expected_sha256(manifest: dict) -> dict:
+    """{path: sha256} of every file whose digest the manifest records."""
+    digests = {art.path: art.sha256 for art in manifest["artifacts"]}
+    for key in ("tokenizer", "parity_bundle", "web_bundle"):
+        if manifest.get(key) is not None:
+            digests[manifest[key]["path"]] = manifest[key]["sha256"]
+    ckpt = manifest.get("checkpoint")
+    if isinstance(ckpt, dict) and isinstance(ckpt.get("weights"), str) and "weights_sha256" in ckpt:
+        digests[ckpt["weights"]] = ckpt["weights_sha256"]
+    return digests
+
+
+NO_VERIFY_HINT = "re-export, or pass --no-verify to load it anyway"
+
+
+def verify_files(out_dir: Path, manifest: dict, paths=None, no_verify: bool = False,
+                 hint: str = NO_VERIFY_HINT) -> list[Path]:
+    """The files `paths` (as the manifest names them; None: every file it records a digest for, and the model
+    config) that a command is about to load: each inside the folder, present and, unless no_verify, with the
+    sha256 the manifest records; the config (which has no digest) must be the manifest's model. A user error
+    naming the first file that is not. Returns their paths."""
+    digests = expected_sha256(manifest)
+    config = (manifest.get("checkpoint") or {}).get("config")
+    if paths is None:
+        paths = list(digests) + ([config] if config is not None else [])
+    checked = []
+    for rel in paths:
+        path = contained_path(out_dir, rel)
+        if not path.is_file():
+            raise UserError(f"{rel} is missing from {out_dir} (listed in its {MANIFEST})")
+        if not no_verify:
+            if rel in digests:
+                actual = sha256_file(path)
+                if actual != digests[rel]:
+                    raise UserError(f"{rel} does not match the sha256 in {Path(out_dir) / MANIFEST} (manifest "
+                                    f"{str(digests[rel])[:12]}…, file {actual[:12]}…: the file was modified); {hint}")
+            elif rel == config:
+                check_model_config(path, manifest, hint)
+            else:
+                raise ValueError(f"{rel}: the manifest records no digest for it")  # a caller's mistake
+        checked.append(path)
+    return checked
+
+
+def check_model_config(path: Path, manifest: dict, hint: str = NO_VERIFY_HINT) -> None:
+    """config.json carries no digest: it must describe the model the manifest records."""
+    from hrm_edge.config import ModelConfig
+
+    config = dataclasses.asdict(ModelConfig.load(path))
+    diff = sorted(k for k, v in manifest.get("model", {}).items() if config.get(k) != v)
+    if diff:
+        raise UserError(f"{path.name} in {path.parent} does not match the manifest's model (differs in "
+                        f"{', '.join(diff)}: the file was modified); {hint}")

@@ -29,7 +29,7 @@ import numpy as np
 
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text, sha256_file
-from hrm_edge.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest
+from hrm_edge.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest, verify_files
 
 
 @dataclass
@@ -276,10 +276,17 @@ def check_summary(result: dict) -> str:
                      f"top-1 {c['top1_agreement']:.4f}" for c in result.get("checks", []) if "top1_agreement" in c)
 
 
-def verify_reference(out_dir: Path, bundle: dict) -> str | None:
-    """Recompute eager fp32 logits from the folder's checkpoint; return a failure reason or None."""
+def verify_reference(out_dir: Path, bundle: dict, manifest: dict | None = None) -> str | None:
+    """Recompute eager fp32 logits from the folder's checkpoint (its weights checked against the manifest's
+    sha256 first, its config against the manifest's model); return a failure reason or None."""
     from hrm_edge.checkpoint import load_model
 
+    ckpt = (manifest or {}).get("checkpoint") or {}
+    if {"config", "weights"} <= set(ckpt):
+        try:
+            verify_files(out_dir, manifest, [ckpt["config"], ckpt["weights"]], hint="re-export")
+        except UserError as e:
+            return str(e)
     model = load_model(out_dir)
     ref = eager_logits(model, bundle["windows"][:, :-1])
     err = float(np.abs(ref - bundle["fp32_logits"]).max())
@@ -297,7 +304,7 @@ def checked_bundle(out_dir: Path, manifest: dict, recompute_reference: bool, fai
         return None
     bundle = load_bundle(bundle_path)
     if recompute_reference:
-        reason = verify_reference(out_dir, bundle)
+        reason = verify_reference(out_dir, bundle, manifest)
         if reason:
             failures.append(reason)
     return bundle
