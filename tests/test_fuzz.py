@@ -33,7 +33,8 @@ FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
 def run_in_process(main, argv, stdin: bytes = b""):
     """main(argv) as `python -m` runs it: (exit code, stdout, stderr). Any exception other than the exit escapes
     and fails the test: that is the traceback the property forbids."""
-    out, err = io.StringIO(), io.StringIO()
+    # stdout and stderr encode as a real process's do (UTF-8, strict): a lone surrogate written there raises
+    out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True) for _ in range(2))
     threads, real_stdin = torch.get_num_threads(), sys.stdin
     sys.stdin = io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
     code = None
@@ -45,7 +46,7 @@ def run_in_process(main, argv, stdin: bytes = b""):
     finally:
         sys.stdin = real_stdin
         torch.set_num_threads(threads)  # --threads must not leak into the other tests
-    return code, out.getvalue(), err.getvalue()
+    return code, out.buffer.getvalue().decode(), err.buffer.getvalue().decode()
 
 
 def assert_exit_0_or_2(code, stderr):
@@ -85,12 +86,18 @@ ARG_TEXT = st.text(st.characters(blacklist_characters="\x00", blacklist_categori
 NUMBER = st.one_of(st.integers(-10**6, 10**6), st.integers(-2**70, 2**70), st.sampled_from([0, 1, -1])).map(str)
 REAL = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.sampled_from(["nan", "inf", "1e-320"]))
 VALUE = st.one_of(NUMBER, REAL, ARG_TEXT)
+# values at and around the edges of what is valid, where the bugs live
+EDGE_INT = st.one_of(st.sampled_from([-2**63, -1, 0, 1, 2, 255, 256, 257, 2**31, 2**64]), st.integers(-3, 300)).map(str)
+EDGE_REAL = st.one_of(st.sampled_from(["0", "-0.0", "5e-324", "1e-310", "1e-5", "1e-4", "0.5", "1", "1.0000001", "1e4",
+                                       "1e5", "nan", "inf", "-inf", "-1"]), st.floats().map(repr))
 
 
-def argv_of(options: dict, switches: list, positional=None):
-    """Lists of flags with values from `options` ({flag: strategy}), bare `switches`, and a positional."""
-    pair = st.sampled_from(sorted(options)).flatmap(lambda flag: st.tuples(st.just(flag), options[flag] | VALUE))
-    parts = st.lists(st.one_of(pair.map(list), st.sampled_from(switches).map(lambda s: [s])), max_size=5)
+def argv_of(options: dict, switches: list, positional=None, max_flags: int = 5, junk: bool = True):
+    """Lists of flags with values from `options` ({flag: strategy}, plus any VALUE if `junk`), bare `switches`,
+    and a positional."""
+    pair = st.sampled_from(sorted(options)).flatmap(
+        lambda flag: st.tuples(st.just(flag), options[flag] | VALUE if junk else options[flag]))
+    parts = st.lists(st.one_of(pair.map(list), st.sampled_from(switches).map(lambda s: [s])), max_size=max_flags)
     flat = parts.map(lambda ps: [x for p in ps for x in p])
     if positional is None:
         return flat
@@ -104,19 +111,42 @@ def dirs(folders, names):
 SAFE_BAD = ["missing", "file", "empty", "notjson", "dotdot", "link"]  # refused before any work starts
 
 
-@FUZZ
+@settings(FUZZ, max_examples=80)
 @given(data=st.data())
 def test_complete_arguments(folders, data):
+    """Two kinds of example: a command that generates with one or two flags set to edge values (later flags
+    win), which reaches the model; and any flags with any values, which tests the parsing."""
     folder = st.sampled_from([str(folders["good"])]) | dirs(folders, SAFE_BAD + ["flipped"])
-    argv = data.draw(argv_of({"--artifacts": folder, "--runtime": st.sampled_from(complete.RUNTIMES),
-                              "--precision": st.sampled_from(["fp32", "int8"]), "--max-new-tokens": NUMBER,
-                              "--temperature": REAL, "--top-k": NUMBER, "--top-p": REAL, "--seed": NUMBER,
-                              "--threads": NUMBER},
-                             ["--truncate", "--no-verify"], st.lists(ARG_TEXT, max_size=1)))
-    argv += ["--artifacts", data.draw(folder), "--runtime", "eager", "--max-new-tokens", "3"] if data.draw(
-        st.booleans()) else []  # half the examples get far enough to generate
+    options = {"--artifacts": folder, "--runtime": st.sampled_from(complete.RUNTIMES),
+               "--precision": st.sampled_from(["fp32", "int8"]), "--max-new-tokens": EDGE_INT,
+               "--temperature": EDGE_REAL, "--top-k": EDGE_INT, "--top-p": EDGE_REAL, "--seed": EDGE_INT,
+               "--threads": EDGE_INT}
+    if data.draw(st.booleans()):
+        base = ["--artifacts", str(folders["good"]), "--runtime", "eager", "--max-new-tokens", "3", "def f("]
+        argv = base + data.draw(argv_of(options, ["--truncate", "--no-verify"], max_flags=2, junk=False))
+    else:
+        argv = data.draw(argv_of(options, ["--truncate", "--no-verify"], st.lists(ARG_TEXT, max_size=1), max_flags=3))
     code, _, err = run_in_process(complete.main, argv, stdin=b"def f(")
     assert_exit_0_or_2(code, err)
+
+
+EDGES = {"int": ["-9223372036854775808", "-1", "0", "1", "2", "255", "256", "257", "4294967296", "x", ""],
+         "real": ["0", "-0.0", "5e-324", "1e-310", "1e-5", "1e-4", "0.5", "1", "1.0000001", "1e4", "1e5", "nan", "inf",
+                  "-inf", "-1", "x", ""]}
+
+
+def test_complete_flag_edges_one_at_a_time(folders):
+    """Systematic, beside the random search: each numeric flag at each edge value, on a command that generates."""
+    base = ["--artifacts", str(folders["good"]), "--runtime", "eager", "--max-new-tokens", "2", "def f("]
+    flags = {"--max-new-tokens": "int", "--top-k": "int", "--seed": "int", "--threads": "int", "--temperature": "real",
+             "--top-p": "real"}
+    outcomes = set()
+    for flag, kind in flags.items():
+        for value in EDGES[kind]:
+            code, _, err = run_in_process(complete.main, base + [flag, value])
+            assert_exit_0_or_2(code, err)
+            outcomes.add(code)
+    assert outcomes == {0, 2}  # both reached: the edges are on both sides
 
 
 @FUZZ
@@ -159,7 +189,8 @@ def test_parity_bench_demo_arguments(folders, data):
 
 
 # ---- prompts ----
-CODEPOINT = st.integers(0, 16).flatmap(lambda plane: st.integers(plane << 16, (plane << 16) | 0xFFFF))  # every plane
+PLANES = st.integers(0, 16).flatmap(lambda plane: st.integers(plane << 16, (plane << 16) | 0xFFFF))  # every plane
+CODEPOINT = st.one_of(PLANES, st.integers(0xD800, 0xDFFF), st.integers(0, 0x7F))  # + surrogates, ASCII controls
 PROMPT = st.one_of(st.lists(CODEPOINT, max_size=30).map(lambda cs: "".join(map(chr, cs))),  # surrogates included
                    st.text(max_size=30),
                    st.text(st.characters(whitelist_categories=["Cc", "Cf", "Zl", "Zp"]), max_size=30))
@@ -169,6 +200,7 @@ PROMPT = st.one_of(st.lists(CODEPOINT, max_size=30).map(lambda cs: "".join(map(c
 @given(prompt=PROMPT, via_stdin=st.booleans())
 @example(prompt="", via_stdin=False)
 @example(prompt="\udc80abc", via_stdin=True)
+@example(prompt="\udc80abc", via_stdin=False)
 @example(prompt="a" * 200_000, via_stdin=True)
 @example(prompt="\x00\x1b[2J\r\n\t", via_stdin=False)
 def test_complete_prompts(folders, prompt, via_stdin):
