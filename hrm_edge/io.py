@@ -123,6 +123,8 @@ def folder_lock(folder: Path, name: str, log=print):
             holder = f.read().strip() or "unknown pid"
             raise UserError(f"{folder} is being written by another run ({holder}); wait for it to finish, or choose "
                             "another folder") from None
+        except OSError as e:  # a file system without locks (some network mounts): go on, and say so
+            log(f"[lock] {folder}: cannot lock {name} ({e.strerror or e}); not guarded against a second run")
         f.seek(0)
         stale = f.read().strip()
         if stale:

@@ -470,3 +470,64 @@ def test_complete_refuses_each_flipped_artifact_of_a_real_export(onnx_export, tm
     proc = run_module("hrm_edge.complete", "--artifacts", onnx_export, "--runtime", "onnx", "--max-new-tokens", "8",
                       "def ")
     assert proc.returncode == 0 and proc.stdout.startswith("def "), proc.stderr[-2000:]
+
+
+# ---- 6. reproducible artifacts ----
+# Two exports of one checkpoint (same options, so the same seeds): which files are the same bytes. The others
+# differ in layout only, never in what they compute (README, "Trust"): their parity numbers are identical.
+NOT_BYTE_IDENTICAL = {"hrm.fp32.ort", "hrm.fp32.kv.ort", "hrm.int8-static-perstep.ort",
+                      "hrm.int8-static-perstep.kv.ort", "hrm.int8-static-shared.ort"}
+
+
+@pytest.fixture(scope="module")
+def two_full_exports(tiny_checkpoint, tmp_path_factory):
+    outs = []
+    for name in ("first", "second"):
+        out = tmp_path_factory.mktemp("reliab") / name
+        proc = run_module("hrm_edge.export", "--checkpoint", tiny_checkpoint, "--out", out, "--no-progress",
+                          timeout=1800)
+        assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: a gate verdict, not a crash
+        outs.append(out)
+    return outs
+
+
+def parity_numbers(art: Artifact) -> dict:
+    result = next(iter(art.parity.values()))
+    return {"passed": result["passed"], "greedy": result.get("greedy_decode"),
+            "checks": [{k: c.get(k) for k in ("reference", "max_abs_logit_error", "top1_agreement", "perplexity",
+                                               "reference_perplexity")} for c in result.get("checks", [])]}
+
+
+@pytest.mark.slow
+def test_two_exports_are_byte_identical_but_the_ort_files(two_full_exports):
+    from hrm_edge.manifest import expected_sha256
+
+    first, second = (read_manifest(d) for d in two_full_exports)
+    a, b = expected_sha256(first), expected_sha256(second)
+    assert set(a) == set(b)
+    for name in ("calibration.json", "calibration_set.npz", "required_operators.config"):
+        a[name], b[name] = (sha256_file(d / name) for d in two_full_exports)
+    differ = {name for name in a if a[name] != b[name]}
+    assert differ == NOT_BYTE_IDENTICAL & set(a), sorted(differ)
+    assert {p for p in a if p.endswith((".onnx", ".pte"))} and not differ & {p for p in a if p.endswith(".pte")}
+    for x, y in zip(first["artifacts"], second["artifacts"]):
+        assert x.path == y.path and parity_numbers(x) == parity_numbers(y), x.path
+    assert first["model"] == second["model"] and first["tolerances"] == second["tolerances"]
+
+
+@pytest.mark.slow
+def test_complete_refuses_each_flipped_program_of_a_real_export(two_full_exports, tmp_path):
+    """The ExecuTorch programs and the int8 ones too: a flipped byte is refused before the runtime sees it."""
+    export = two_full_exports[0]
+    manifest = read_manifest(export)
+    kv = [a for a in manifest["artifacts"] if a.program == "kv_cache" and a.format in ("onnx", "pte")
+          and a.cycles is None and next(iter(a.parity.values()))["passed"]]
+    assert {(a.format, a.precision) for a in kv} >= {("onnx", "fp32"), ("pte", "fp32")}, [a.path for a in kv]
+    for art in kv:
+        d = tmp_path / art.path
+        shutil.copytree(export, d)
+        flip_byte(d / art.path)
+        runtime = "onnx" if art.format == "onnx" else "executorch"
+        proc = run_module("hrm_edge.complete", "--artifacts", d, "--runtime", runtime, "--precision", art.precision,
+                          "--max-new-tokens", "8", "def ")
+        assert_user_error(proc, f"{art.path} does not match the sha256", "--no-verify")
