@@ -13,10 +13,14 @@ first token, decode tokens/s over --new-tokens greedy tokens, load time, peak RS
 compute per token, T times the block parameters), random weights, exported the same way into DIR/baseline/.
 The full-sequence table also has onnxruntime's own int8 route for a Loop graph, quantize_dynamic with
 EnableSubgraph, built into DIR/baseline/ and scored against the parity bundle (unless --no-baseline).
+--peers adds, at the export's shape, the standard model each runtime's own tooling makes (hrm_edge.peers:
+ExecuTorch's export_llm Llama fp32 and 8da4w, Optimum's ONNX Llama fp32 and int8), timed the same way, and
+leads the tables with our fastest program of each runtime and precision class against its peer.
 """
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 import json
 import os
 import statistics
@@ -123,6 +127,7 @@ def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: i
     if artifact.endswith(".pte"):
         import torch  # noqa: F401
     if artifact.endswith(".pte"):
+        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  the KV programs' cache and attention ops
         import executorch.kernels.quantized  # noqa: F401
         import executorch.runtime  # noqa: F401
     else:
@@ -165,7 +170,7 @@ def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
 
     from hrm_edge.checkpoint import save_model
     from hrm_edge.config import ModelConfig
-    from hrm_edge.export_executorch import export_pte_decode
+    from hrm_edge.export_executorch import export_pte_decode, untie_head
     from hrm_edge.export_onnx import export_onnx_decode
     from hrm_edge.model import HRMLM
     from hrm_edge.quantize import dynamic_int8_model
@@ -184,41 +189,96 @@ def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
     bos, eos = manifest["tokenizer"]["bos_id"], manifest["tokenizer"]["eos_id"]
     export_onnx_decode(model, base / "transformer.fp32.kv.onnx")
     export_pte_decode(model, base / "transformer.fp32.kv.pte", bos, eos)
-    export_pte_decode(dynamic_int8_model(model), base / "transformer.int8-dynamic.kv.pte", bos, eos)
+    export_pte_decode(dynamic_int8_model(untie_head(model)), base / "transformer.int8-dynamic.kv.pte", bos, eos)
     atomic_write_text(marker, json.dumps({"model": dataclasses.asdict(cfg)}) + "\n")
     return base
 
 
-def run_decode_bench(out_dir: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int,
-                     baseline: bool, log=print) -> dict:
-    manifest = read_manifest(out_dir)
-    kv = [a for a in manifest["artifacts"] if a.program == "kv_cache"]
-    jobs = [(out_dir, "eager", "eager", "fp32")] + [(out_dir, a.path, a.format, a.precision) for a in kv]
+@dataclass
+class DecodeJob:
+    """One program the decode benchmark times, in a fresh child process."""
+
+    model: str  # "hrm" (ours), "baseline" (the unshared equal-compute model) or "peer" (hrm_edge.peers)
+    folder: Path
+    name: str  # file name in folder, or "eager"
+    format: str  # "eager" | "onnx" | "ort" | "pte"
+    precision: str  # "fp32" | "int8" | "int4" (for peers: "8da4w" counts as int4)
+
+    def measure(self, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+        if self.model == "peer":
+            from hrm_edge.peers import measure_peer_decode_child
+
+            return measure_peer_decode_child(self.folder / self.name, threads, prompt_len, new_tokens, repeats)
+        return _child(self.folder, ["--one-decode", self.name, "--prompt-len", str(prompt_len), "--new-tokens",
+                                    str(new_tokens), "--repeats", str(repeats)], threads)
+
+
+def decode_jobs(out_dir: Path, manifest: dict, baseline: bool, peers: bool, log=print) -> list[DecodeJob]:
+    """Eager fp32, every KV-cache artifact, then the unshared baseline's and the peers' programs."""
+    arch = manifest["model"]["arch"]
+    jobs = [DecodeJob(arch, out_dir, "eager", "eager", "fp32")] + [
+        DecodeJob(arch, out_dir, a.path, a.format, a.precision) for a in manifest["artifacts"] if a.program == "kv_cache"]
     if baseline:
         base = export_baseline(out_dir, manifest, log)
-        jobs += [(base, "eager", "eager", "fp32")] + [
-            (base, p.name, p.suffix[1:], "int8" if "int8" in p.name else "fp32") for p in sorted(base.glob("*.kv.*"))]
+        jobs += [DecodeJob("baseline", base, "eager", "eager", "fp32")] + [
+            DecodeJob("baseline", base, p.name, p.suffix[1:], "int8" if "int8" in p.name else "fp32")
+            for p in sorted(base.glob("*.kv.*"))]
+    if peers:
+        from hrm_edge.peers import PeerShape, build_peers
+
+        for program in build_peers(PeerShape.from_model(manifest["model"]), out_dir / "peers", log):
+            precision = {"8da4w": "int4"}.get(program.precision, program.precision)
+            jobs.append(DecodeJob("peer", program.path.parent, program.name, program.path.suffix[1:], precision))
+    return jobs
+
+
+def run_decode_bench(out_dir: Path, threads: int, lengths: tuple, repeats: int, rounds: int, baseline: bool,
+                     peers: bool = False, log=print) -> dict:
+    """Every decode job timed in `rounds` interleaved rounds (each a fresh child: `repeats` generations, medians);
+    a row's figures are the median round's. Interleaving spreads a busy moment of the machine over all jobs."""
+    prompt_len, new_tokens = lengths
+    manifest = read_manifest(out_dir)
+    jobs = decode_jobs(out_dir, manifest, baseline, peers, log)
+    measured: list[list[dict]] = [[] for _ in jobs]
+    for r in range(rounds):
+        for job, runs in zip(jobs, measured):
+            runs.append(job.measure(threads, prompt_len, new_tokens, repeats))
+            log(f"  round {r + 1}/{rounds} {job.model:<9} {job.name:<30} decode {runs[-1]['decode_tokens_per_s']:7.0f} tok/s")
     rows = []
-    for folder, name, fmt, precision in jobs:
-        row = _child(folder, ["--one-decode", name, "--prompt-len", str(prompt_len), "--new-tokens", str(new_tokens),
-                              "--repeats", str(repeats)], threads)
-        row.update(model="baseline" if folder != out_dir else manifest["model"]["arch"], format=fmt, precision=precision,
-                   bytes=(folder / name).stat().st_size if name != "eager" else None)
-        rows.append(row)
-        log(f"  {row['model']:<11} {name:<34} prefill {row['prefill_tokens_per_s']:8.0f} tok/s, "
-            f"decode {row['decode_tokens_per_s']:7.0f} tok/s")
+    for job, runs in zip(jobs, measured):
+        row = sorted(runs, key=lambda m: m["decode_tokens_per_s"])[len(runs) // 2]
+        rows.append(row | {"model": job.model, "format": job.format, "precision": job.precision, "rounds": rounds,
+                           "decode_tokens_per_s_rounds": [m["decode_tokens_per_s"] for m in runs],
+                           "bytes": (job.folder / job.name).stat().st_size if job.name != "eager" else None})
+    add_decode_ratios(rows)
+    return {"prompt_len": prompt_len, "new_tokens": new_tokens, "rounds": rounds, "rows": rows}
+
+
+def add_decode_ratios(rows: list[dict]) -> None:
+    """Each row's decode speed against eager fp32, its twin in the unshared baseline, and the peer a user of
+    the same runtime would otherwise ship at its precision class (fp32 with fp32; int8 and 4-bit with the
+    ExecuTorch Llama's 8da4w and Optimum's int8)."""
     eager = rows[0]["decode_tokens_per_s"]
 
-    def program_kind(name):  # "hrm.int8-dynamic.kv.pte" and "transformer.int8-dynamic.kv.pte" are twins
+    def kind(name):  # "hrm.int8-dynamic.kv.pte" and "transformer.int8-dynamic.kv.pte" are twins
         return name if name == "eager" else name.split(".", 1)[1]
 
-    baseline_rows = {program_kind(r["artifact"]): r for r in rows if r["model"] == "baseline"}
+    def runtime(fmt):
+        return {"ort": "onnx"}.get(fmt, fmt)
+
+    twins = {kind(r["artifact"]): r for r in rows if r["model"] == "baseline"}
+    peers = {(runtime(r["format"]), r["precision"] == "fp32"): r for r in rows if r["model"] == "peer"}
     for row in rows:
         row["decode_vs_eager_fp32"] = row["decode_tokens_per_s"] / eager
-        twin = baseline_rows.get(program_kind(row["artifact"]))
-        if twin and row["model"] != "baseline":
+        if row["model"] in ("baseline", "peer"):
+            continue
+        twin = twins.get(kind(row["artifact"]))
+        if twin:
             row["decode_vs_baseline"] = row["decode_tokens_per_s"] / twin["decode_tokens_per_s"]
-    return {"prompt_len": prompt_len, "new_tokens": new_tokens, "rows": rows}
+        peer = peers.get((runtime(row["format"]), row["precision"] == "fp32"))
+        if peer:
+            row["peer"] = peer["artifact"]
+            row["decode_vs_peer"] = row["decode_tokens_per_s"] / peer["decode_tokens_per_s"]
 
 
 ORT_DYNAMIC_BASELINE = "baseline/hrm.int8-ortdynamic.onnx"
@@ -302,16 +362,40 @@ def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repea
 def render_decode_table(result: dict) -> str:
     d = result["decode"]
     lines = [f"Generation with a KV cache, batch 1, {d['prompt_len']}-token prompt then {d['new_tokens']} greedy tokens, "
-             f"{result['threads']} thread(s), {result['target']}; median of {result['repeats']}.", "",
+             f"{result['threads']} thread(s), {result['target']}; each program in a fresh process, median of "
+             f"{max(1, result['repeats'] // 3)} generations, the median of {d['rounds']} interleaved round(s).", "",
              "| model | program | bytes | load s | time to first token ms | prefill tok/s | decode tok/s | "
-             "decode vs eager fp32 | decode vs unshared baseline | peak RSS MB |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "decode vs eager fp32 | vs unshared baseline | vs peer (same runtime and precision class) | peak RSS MB |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in d["rows"]:
         b = f"{r['bytes']:,}" if r.get("bytes") else "–"
         vb = f"{r['decode_vs_baseline']:.2f}x" if "decode_vs_baseline" in r else "–"
+        vp = f"{r['decode_vs_peer']:.2f}x ({r['peer']})" if "decode_vs_peer" in r else "–"
         lines.append(f"| {r['model']} | {r['artifact']} | {b} | {r['load_s']:.2f} | {r['ttft_ms']:.1f} | "
                      f"{r['prefill_tokens_per_s']:.0f} | {r['decode_tokens_per_s']:.0f} | {r['decode_vs_eager_fp32']:.2f}x | "
-                     f"{vb} | {r['peak_rss_mb']:.0f} |")
+                     f"{vb} | {vp} | {r['peak_rss_mb']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_peer_ratios(result: dict) -> str:
+    """The lead table: our fastest program per runtime and precision class against the peer of that class."""
+    best: dict = {}
+    for r in result["decode"]["rows"]:
+        if "decode_vs_peer" in r:
+            key = (r["peer"], r["precision"] == "fp32")
+            if key not in best or r["decode_tokens_per_s"] > best[key]["decode_tokens_per_s"]:
+                best[key] = r
+    if not best:
+        return ""
+    peers = {r["artifact"]: r for r in result["decode"]["rows"] if r["model"] == "peer"}
+    lines = ["Decode against what each runtime's own tooling makes at the same shape (random weights):", "",
+             "| runtime | ours (fastest of its class) | bytes | decode tok/s | peer | bytes | decode tok/s | ours / peer |",
+             "|---|---|---:|---:|---|---:|---:|---:|"]
+    for (peer_name, _), r in sorted(best.items()):
+        p = peers[peer_name]
+        lines.append(f"| {'ExecuTorch' if p['format'] == 'pte' else 'onnxruntime'} | {r['artifact']} | {r['bytes']:,} | "
+                     f"{r['decode_tokens_per_s']:.0f} | {peer_name} | {p['bytes']:,} | {p['decode_tokens_per_s']:.0f} | "
+                     f"**{r['decode_vs_peer']:.2f}x** |")
     return "\n".join(lines) + "\n"
 
 
@@ -319,7 +403,7 @@ def depth_dial_rows(manifest: dict, decode: dict) -> list[dict]:
     """The depth dial (export --cycles): each depth's quality (manifest) beside the decode speed of its
     KV-cache program (the int8 one where the export built it, else fp32)."""
     H = manifest["model"]["H_cycles"]
-    speed = {r["artifact"]: r["decode_tokens_per_s"] for r in decode["rows"] if r["model"] != "baseline"}
+    speed = {r["artifact"]: r["decode_tokens_per_s"] for r in decode["rows"] if r["model"] not in ("baseline", "peer")}
     rows = []
     for d in manifest.get("depth_dial") or []:
         depth = "" if d["cycles"] == H else f".c{d['cycles']}"
@@ -368,14 +452,22 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, help="decode benchmark new tokens (default min(128, context - prompt))")
     p.add_argument("--no-baseline", action="store_true", help="skip the unshared equal-compute baseline and the "
                    "onnxruntime quantize_dynamic baseline")
+    p.add_argument("--peers", action="store_true",
+                   help="also build and time the standard model each runtime's own tooling makes at this export's shape "
+                        "(random weights): ExecuTorch's export_llm Llama (fp32, 8da4w) and Hugging Face Optimum's ONNX "
+                        "Llama (fp32, int8 by quantize_dynamic), into DIR/peers/ (reused when built for the same shape); "
+                        "needs pip install '.[peers]'; the first build takes about 12 minutes")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="time every decode program this many times, interleaved, and report the median round (default 1; "
+                        "3 steadies the ratios on a shared machine)")
     p.add_argument("--json", type=Path, help="where to write the JSON results (default DIR/bench.json)")
     p.add_argument("--no-verify", action="store_true", help="run the artifacts without first checking them against "
                    "the manifest's sha256 (for artifacts edited on purpose)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one artifact in this process
     p.add_argument("--one-decode", help=argparse.SUPPRESS)  # internal: one KV-cache program
     a = p.parse_args(argv)
-    if a.threads < 1 or a.repeats < 1:
-        raise UserError("--threads and --repeats must be >= 1")
+    if a.threads < 1 or a.repeats < 1 or a.rounds < 1:
+        raise UserError("--threads, --repeats and --rounds must be >= 1")
     if a.one:
         print(json.dumps(measure_one(a.dir, a.one, a.threads, a.seq_len, a.repeats)))
         return 0
@@ -389,11 +481,15 @@ def main(argv=None) -> int:
     new_tokens = a.new_tokens or min(128, context - prompt_len)
     if prompt_len < 1 or new_tokens < 1 or prompt_len + new_tokens > context:
         raise UserError(f"--prompt-len + --new-tokens must fit the context of {context} tokens")
+    if a.peers:
+        from hrm_edge.peers import require_peer_extra
+
+        require_peer_extra()  # before minutes of benchmarking, not after
     result = run_bench(a.dir, a.threads, a.seq_len, a.repeats, ort_baseline=not a.no_baseline)
     print("decode benchmark:")
-    result["decode"] = run_decode_bench(a.dir, a.threads, prompt_len, new_tokens, max(1, a.repeats // 3),
-                                        baseline=not a.no_baseline)
-    table = render_table(result) + "\n" + render_decode_table(result)
+    result["decode"] = run_decode_bench(a.dir, a.threads, (prompt_len, new_tokens), max(1, a.repeats // 3), a.rounds,
+                                        baseline=not a.no_baseline, peers=a.peers)
+    table = render_peer_ratios(result) + "\n" + render_table(result) + "\n" + render_decode_table(result)
     result["depth_dial"] = depth_dial_rows(manifest, result["decode"])
     if result["depth_dial"]:
         table += "\n" + render_depth_table(result["depth_dial"])

@@ -149,6 +149,9 @@ class QuantConfig:
     # quality gate of every int8 artifact against fp32 eager, on the validation split
     int8_min_top1: float = 0.97
     int8_max_ppl_ratio: float = 1.02
+    # the same for the opt-in 4-bit program (int8 mode "8da4w"): 4-bit weights cost more than 8-bit ones
+    int4_min_top1: float = 0.85
+    int4_max_ppl_ratio: float = 1.10
 
     def __post_init__(self):
         check_fields("quant", self, {"calib_samples": POSITIVE, "calib_seed": NON_NEGATIVE, "int8_min_top1": UNIT,

@@ -26,12 +26,12 @@ from hrm_edge.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, configs_for, copy_m
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
                          sha256_file, staging_folder)
-from hrm_edge.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact
+from hrm_edge.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact, manifest_json
 from hrm_edge.parity import eager_logits, perplexity, run_gate, tolerances, write_bundle
 
 DEFAULT_OUT = Path("export/out")
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "default_model"
-INT8_MODES = ("static", "dynamic", "pt2e")
+INT8_MODES = ("static", "dynamic", "pt2e", "8da4w")
 GREEDY_NEW_TOKENS = 64  # decode parity: this many greedy tokens must match eager fp32 exactly
 
 
@@ -56,7 +56,7 @@ def parse_int8_modes(text: str) -> tuple[str, ...]:
     modes = () if text.strip() == "none" else tuple(m.strip() for m in text.split(",") if m.strip())
     bad = sorted(set(modes) - set(INT8_MODES))
     if bad:
-        raise UserError(f"int8 modes: unknown {', '.join(bad)}; choose from static, dynamic, pt2e, or none")
+        raise UserError(f"int8 modes: unknown {', '.join(bad)}; choose from static, dynamic, pt2e, 8da4w, or none")
     return modes
 
 
@@ -171,7 +171,9 @@ def export_stages(out: Path, staging: Path, options: ExportOptions, log=print) -
         export_depth_dial(run)
         export_ort(run)
     write_parity_bundle(run)
-    return gate(run, build_manifest(run))
+    manifest = build_manifest(run)
+    write_web_parity_bundle(run, manifest)
+    return gate(run, manifest)
 
 
 def prepare_checkpoint(out: Path, options: ExportOptions, log=print, staging: Path | None = None) -> ExportRun:
@@ -456,6 +458,19 @@ def build_manifest(run: ExportRun) -> dict:
     }
 
 
+def write_web_parity_bundle(run: ExportRun, manifest: dict) -> None:
+    """The phone-sized parity bundle the demo's Self-test runs (hrm_edge.web_bundle), listed in the manifest."""
+    if not any(a.program == "kv_cache" for a in run.artifacts):
+        return
+    from hrm_edge.parity import load_bundle
+    from hrm_edge.web_bundle import write_web_bundle
+
+    as_json = json.loads(manifest_json(manifest))
+    path = write_web_bundle(run.out, as_json, load_bundle(run.out / BUNDLE))
+    manifest["web_bundle"] = {"path": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size,
+                              "source": "the parity bundle's first windows, cut to prefill + a few decode steps"}
+
+
 def gate(run: ExportRun, manifest: dict) -> bool:
     """Run every artifact in its runtime against the bundle; writes manifest.json and parity_report.md."""
     _stage(f"parity gate on {len(run.artifacts)} artifact(s), {run.windows.shape[0]} x {run.seq_len} tokens", run.log)
@@ -472,16 +487,18 @@ def gate(run: ExportRun, manifest: dict) -> bool:
 @dataclass
 class PteJob:
     name: str  # file name in the export folder
-    precision: str  # "fp32" or "int8" (dynamic: torchao 8-bit activations x 8-bit weights)
+    precision: str  # "fp32", "int8" (torchao 8-bit dynamic activations x 8-bit weights) or "int4" (x 4-bit weights)
     program: str  # "full_sequence" or "kv_cache"
     n_cycles: int | None = None  # depth dial: outer cycles (None = all)
 
 
 def pte_jobs(cfg, int8: tuple, cycles: tuple) -> list[PteJob]:
-    """The programs to lower, slowest first (an int8 lowering takes about 2.5x an fp32 one at the default
+    """The programs to lower, slowest first (a quantized lowering takes about 2.5x an fp32 one at the default
     size), so that two workers finish close together."""
     jobs = []
-    # int8: the KV-cache program only; it is what decodes on a device, and each int8 lowering costs minutes
+    # quantized: the KV-cache program only; it is what decodes on a device, and each lowering costs minutes
+    if "8da4w" in int8:
+        jobs.append(PteJob(f"{cfg.arch}.8da4w.kv.pte", "int4", "kv_cache"))
     if "dynamic" in int8:
         jobs.append(PteJob(f"{cfg.arch}.int8-dynamic.kv.pte", "int8", "kv_cache"))
     jobs += [PteJob(f"{cfg.arch}.fp32.pte", "fp32", "full_sequence"), PteJob(f"{cfg.arch}.fp32.kv.pte", "fp32", "kv_cache")]
@@ -504,11 +521,9 @@ def _die_with_parent() -> None:
 
 def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefill_len: int) -> list[tuple[Artifact, dict]]:
     """Lower `jobs` from the checkpoint copied into `out` (the worker process's entry point). Returns
-    (artifact, {reference name: eager int8 reference logits}) per program."""
-    from functools import partial
-
-    from hrm_edge.export_executorch import export_pte, export_pte_decode, untie_head
-    from hrm_edge.quantize import all_linear_int8_names, dynamic_int8_model, dynamic_quantization, int8_weight_bytes
+    (artifact, {reference name: eager quantized reference logits}) per program."""
+    from hrm_edge.export_executorch import export_pte, export_pte_decode
+    from hrm_edge.quantize import pte_weight_bytes
     from hrm_edge.tokenizer import bos_id, eos_id, load_tokenizer
 
     import torch
@@ -517,11 +532,11 @@ def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefil
     model = load_model(out).eval()
     tok = load_tokenizer(out / TOKENIZER)
     bos, eos = bos_id(tok), eos_id(tok)
-    qmodel = None
+    quantized: dict = {}  # precision -> quantized model, built once per worker
     results = []
     for job in jobs:
         t = time.perf_counter()
-        optional: dict = {}
+        optional: dict = {"weight_bytes": pte_weight_bytes(model, job.precision), "table_copies": 2}
         references: dict = {}
         if job.program == "kv_cache":
             optional["prefill_len"] = prefill_len
@@ -531,16 +546,31 @@ def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefil
             lower = export_pte_decode if job.program == "kv_cache" else export_pte
             path = lower(model, out / job.name, bos, eos, n_cycles=job.n_cycles)
         else:
-            qmodel = qmodel or dynamic_int8_model(untie_head(model))  # the head quantized too
+            qmodel = quantized.get(job.precision) or _quantized_for_pte(model, job.precision)
+            quantized[job.precision] = qmodel
             path = export_pte_decode(qmodel, out / job.name, bos, eos, n_cycles=job.n_cycles)
-            optional |= {"reference": job.name, "weight_bytes": int8_weight_bytes(model, all_linear_int8_names(model)),
-                         "quantization": dynamic_quantization()}
+            optional |= {"reference": job.name, "quantization": _pte_quantization(job.precision)}
             # batch 1 as the program runs; per-token dynamic scales make prefill + decode equal the full sequence
-            run = partial(qmodel, n_cycles=job.n_cycles)
-            references[job.name] = np.concatenate([eager_logits(run, tokens[i : i + 1]) for i in range(len(tokens))])
+            references[job.name] = np.concatenate([eager_logits(lambda x: qmodel(x, n_cycles=job.n_cycles), tokens[i : i + 1])
+                                                   for i in range(len(tokens))])
         results.append((Artifact.new(path, "pte", job.precision, job.program, "unrolled", **optional), references))
         print(f"[export] wrote {job.name} in {time.perf_counter() - t:.0f} s", flush=True)
     return results
+
+
+def _quantized_for_pte(model, precision: str):
+    """The model a quantized .pte is lowered from (and its eager reference): the head untied first, so that
+    it is quantized and delegated like every other linear."""
+    from hrm_edge.export_executorch import untie_head
+    from hrm_edge.quantize import dynamic_int4_model, dynamic_int8_model
+
+    return (dynamic_int8_model if precision == "int8" else dynamic_int4_model)(untie_head(model))
+
+
+def _pte_quantization(precision: str) -> dict:
+    from hrm_edge.quantize import dynamic_int4_quantization, dynamic_quantization
+
+    return dynamic_quantization() if precision == "int8" else dynamic_int4_quantization()
 
 
 def start_pte_workers(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefill_len: int, log):
@@ -568,10 +598,11 @@ def main(argv=None) -> int:
     p.add_argument("--parity-samples", type=int, default=8, help="validation windows for the parity gate (default 8)")
     p.add_argument("--formats", default="onnx,pte", help="comma-separated subset of onnx,pte (default: both)")
     p.add_argument("--int8",
-                   help="int8 artifacts to add: comma-separated subset of static,dynamic,pt2e, or none (default: the "
-                        "preset's [quant] int8_modes: static,dynamic for tiny and default). static: ONNX Loop graphs "
-                        "with calibrated activation scales, per iteration step and shared; dynamic: ExecuTorch KV-cache "
-                        "program with int8 dynamic activations (torchao); "
+                   help="quantized artifacts to add: comma-separated subset of static,dynamic,8da4w,pt2e, or none "
+                        "(default: the preset's [quant] int8_modes: static,dynamic for tiny and default). static: ONNX "
+                        "Loop graphs with calibrated int8 activation scales, per iteration step and shared; dynamic: "
+                        "ExecuTorch KV-cache program with int8 dynamic activations x int8 weights (torchao); 8da4w: the "
+                        "same with 4-bit grouped weights, as ExecuTorch's Llama (gated with the preset's int4 bounds); "
                         "pt2e: ExecuTorch program with static PT2E XNNPACKQuantizer int8 (per-step scales by "
                         "construction; its quality is below the gate on the tiny preset, see README)")
     p.add_argument("--calib-samples", type=int, help="calibration windows (default: the preset's, 32)")

@@ -147,7 +147,7 @@ def export_onnx_decode(model: HRMLM, path: Path, n_cycles: int | None = None) ->
 #   y   = DequantizeLinear(y_i, s[t] * w_scale, axis=-1)
 # which is what QDQ means, computed in int32 (measured 2.5-3x faster than fp32 in a Loop body).
 # The tied embedding table is one int8 initializer with per-row and per-column scales: the gather reads int8 rows, the
-# head dequantizes the table (weight-only int8; its fp32 input keeps the argmax close to fp32's).
+# head multiplies it with its input quantized per position at run time (_int8_head_nodes).
 
 def _initializers(graph: onnx.GraphProto) -> dict:
     return {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
@@ -160,22 +160,70 @@ def _find_initializer(arrays: dict, target) -> str:
     raise RuntimeError(f"no initializer holds a weight of shape {target.shape}")
 
 
-def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Path:
-    """Rewrite the fp32 Loop graph at `fp32_path` into a static int8 graph at `path` (see comment above)."""
-    from onnx import TensorProto, helper, numpy_helper
+def _int8_head_nodes(x: str, y: str, table: str, row_scale: str, col_scale: str, inits) -> list:
+    """The tied head on the int8 table, as quantize.StaticInt8Head computes it: x [N, D] times the column
+    scales, quantized to int8 per row (symmetric, scale max|x| / 127), MatMulInteger(table [V, D], x_q^T [D, N])
+    (the table as the left operand: MatMulInteger has no transposed-B form, and a second, transposed copy of
+    the table would double its bytes), transposed back to [N, V] and scaled by row x input scales.
+    Dequantizing the V x D table on every call instead cost more than the rest of a decode step."""
+    from onnx import TensorProto, helper
 
-    proto = onnx.load(str(fp32_path))
-    main = proto.graph
-    arrays = _initializers(main)
-    loop = next(n for n in main.node if n.op_type == "Loop")
-    body = next(a.g for a in loop.attribute if a.name == "body")
-    t_name = body.input[0].name  # the Loop's iteration counter, 0..T-1
-    new_inits = []
+    p = "q8.head"
+    axis1 = inits.add(f"{p}.axis1", np.array([1], dtype=np.int64))
+    qmax = inits.add(f"{p}.qmax", np.array(127.0, dtype=np.float32))
+    qmin = inits.add(f"{p}.qmin", np.array(-127.0, dtype=np.float32))
+    tiny = inits.add(f"{p}.tiny", np.array(1e-12, dtype=np.float32))
+    return [
+        helper.make_node("Mul", [x, col_scale], [f"{p}.xc"], name=f"{p}.col_scale"),
+        helper.make_node("Abs", [f"{p}.xc"], [f"{p}.abs"], name=f"{p}.abs"),
+        helper.make_node("ReduceMax", [f"{p}.abs", axis1], [f"{p}.amax"], keepdims=1, name=f"{p}.amax"),
+        helper.make_node("Div", [f"{p}.amax", qmax], [f"{p}.s0"], name=f"{p}.scale"),
+        helper.make_node("Max", [f"{p}.s0", tiny], [f"{p}.s"], name=f"{p}.scale_floor"),  # [N, 1]
+        helper.make_node("Div", [f"{p}.xc", f"{p}.s"], [f"{p}.xs"], name=f"{p}.divide"),
+        helper.make_node("Round", [f"{p}.xs"], [f"{p}.xr"], name=f"{p}.round"),  # half to even
+        helper.make_node("Clip", [f"{p}.xr", qmin, qmax], [f"{p}.xcl"], name=f"{p}.clip"),
+        helper.make_node("Cast", [f"{p}.xcl"], [f"{p}.xq"], to=TensorProto.INT8, name=f"{p}.to_int8"),
+        helper.make_node("Transpose", [f"{p}.xq"], [f"{p}.xqT"], perm=[1, 0], name=f"{p}.transpose_x"),  # [D, N]
+        helper.make_node("MatMulInteger", [table, f"{p}.xqT"], [f"{p}.yT"], name=f"{p}.matmul"),  # int32 [V, N]
+        helper.make_node("Transpose", [f"{p}.yT"], [f"{p}.yi"], perm=[1, 0], name=f"{p}.transpose_y"),  # [N, V]
+        helper.make_node("Cast", [f"{p}.yi"], [f"{p}.yf"], to=TensorProto.FLOAT, name=f"{p}.to_float"),
+        helper.make_node("Mul", [f"{p}.yf", f"{p}.s"], [f"{p}.ys"], name=f"{p}.input_scale"),
+        helper.make_node("Mul", [f"{p}.ys", row_scale], [y], name=f"{p}.row_scale"),
+    ]
 
-    def add_init(name, arr):
-        new_inits.append(numpy_helper.from_array(np.asarray(arr), name))
+
+class NewInitializers(list):
+    """Initializers a rewrite adds: add(name, array) records one and returns its name."""
+
+    def add(self, name: str, arr) -> str:
+        self.append(onnx.numpy_helper.from_array(np.asarray(arr), name))
         return name
 
+
+def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Path:
+    """Rewrite the fp32 Loop graph at `fp32_path` into a static int8 graph at `path` (see comment above)."""
+    proto = onnx.load(str(fp32_path))
+    main = proto.graph
+    loop = next(n for n in main.node if n.op_type == "Loop")
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    inits = NewInitializers()
+    _quantize_block_linears(body, _initializers(main), model, plan, inits)
+    _quantize_tied_table(main, plan, inits)
+    main.initializer.extend(inits)
+    _drop_unused_initializers(main)
+    del main.value_info[:]  # shapes/types of rewritten values changed; runtimes re-infer them
+    del body.value_info[:]
+    onnx.checker.check_model(proto, full_check=True)
+    atomic_write_bytes(path, proto.SerializeToString())
+    return path
+
+
+def _quantize_block_linears(body: onnx.GraphProto, arrays: dict, model: HRMLM, plan, inits: NewInitializers) -> None:
+    """Each body MatMul that reads an int8 block linear's weight becomes Quantize -> MatMulInteger -> Dequantize
+    with the step's activation scale gathered by the Loop counter."""
+    from onnx import helper
+
+    t_name = body.input[0].name  # the Loop's iteration counter, 0..T-1
     # which body MatMul reads which block weight: the exporter stores W^T under a generated name
     weight_of = {_find_initializer(arrays, model.block.get_submodule(n).weight.detach().numpy().T): n
                  for n in plan.int8_linears}
@@ -186,10 +234,10 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
             nodes.append(node)
             continue
         p = f"q8.{name}"
-        s_all = add_init(f"{p}.x_scale", plan.act_scale[name])
-        zp_all = add_init(f"{p}.x_zero_point", plan.act_zero_point[name])
-        wq = add_init(f"{p}.w_int8", plan.weight_q[name].T.copy())  # [K, N] for MatMulInteger
-        ws = add_init(f"{p}.w_scale", plan.weight_scale[name])
+        s_all = inits.add(f"{p}.x_scale", plan.act_scale[name])
+        zp_all = inits.add(f"{p}.x_zero_point", plan.act_zero_point[name])
+        wq = inits.add(f"{p}.w_int8", plan.weight_q[name].T.copy())  # [K, N] for MatMulInteger
+        ws = inits.add(f"{p}.w_scale", plan.weight_scale[name])
         x, y = node.input[0], node.output[0]
         nodes += [
             helper.make_node("Gather", [s_all, t_name], [f"{p}.s_t"], name=f"{p}.gather_s"),
@@ -204,13 +252,16 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
     del body.node[:]
     body.node.extend(nodes)
 
-    # embedding gather and tied head read one int8 table with per-row and per-column scales
+
+def _quantize_tied_table(main: onnx.GraphProto, plan, inits: NewInitializers) -> None:
+    """The embedding gather and the tied head read one int8 table with per-row and per-column scales."""
+    from onnx import TensorProto, helper
+
     emb = "model.embed.weight"
-    eq = add_init("q8.embed.w_int8", plan.embed_q)
-    es = add_init("q8.embed.w_scale", plan.embed_scale)
-    ec = add_init("q8.embed.col_scale", plan.embed_col_scale)  # [D]: table = int8 x row scale x column scale
-    minus_one = add_init("q8.axes_last", np.array([-1], dtype=np.int64))
-    nodes = []
+    eq = inits.add("q8.embed.w_int8", plan.embed_q)
+    es = inits.add("q8.embed.w_scale", plan.embed_scale)
+    ec = inits.add("q8.embed.col_scale", plan.embed_col_scale)  # [D]: table = int8 x row scale x column scale
+    minus_one = inits.add("q8.axes_last", np.array([-1], dtype=np.int64))
     nodes = []
     head_found = False
     for node in main.node:
@@ -225,27 +276,14 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
                 helper.make_node("Mul", ["q8.embed.rows_r", ec], [out], name="q8.embed.col_scale"),
             ]
         elif node.op_type == "Gemm" and node.input[1] == emb:
-            # head: weight-only int8. The table is dequantized once per run (V x D multiplies) and the
-            # logits come from an fp32 Gemm: quantizing the head's input cost the most top-1 agreement.
             head_found = True
-            nodes += [
-                helper.make_node("DequantizeLinear", [eq, es], ["q8.head.w_rows"], axis=0, name="q8.head.dequantize_w"),
-                helper.make_node("Mul", ["q8.head.w_rows", ec], ["q8.head.w_f32"], name="q8.head.col_scale"),
-                helper.make_node("Gemm", [node.input[0], "q8.head.w_f32"], list(node.output), transB=1, name=node.name),
-            ]
+            nodes += _int8_head_nodes(node.input[0], node.output[0], eq, es, ec, inits)
         else:
             nodes.append(node)
     if not head_found:
         raise RuntimeError("static int8: did not find the tied head")
     del main.node[:]
     main.node.extend(nodes)
-    main.initializer.extend(new_inits)
-    _drop_unused_initializers(main)
-    del main.value_info[:]  # shapes/types of rewritten values changed; runtimes re-infer them
-    del body.value_info[:]
-    onnx.checker.check_model(proto, full_check=True)
-    atomic_write_bytes(path, proto.SerializeToString())
-    return path
 
 
 def _used_names(graph: onnx.GraphProto, used: set) -> None:

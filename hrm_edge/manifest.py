@@ -36,7 +36,7 @@ class Artifact:
     path: str  # file name inside the export folder
     format: str  # "onnx" | "ort" | "pte"
     runtime: str  # "onnxruntime" | "executorch"
-    precision: str  # "fp32" | "int8"
+    precision: str  # "fp32" | "int8" | "int4" (4-bit weights, 8-bit dynamic activations)
     program: str  # "full_sequence" | "kv_cache"
     iteration: str  # "onnx_loop" | "unrolled"
     backend: str | None = None  # "xnnpack" (.pte)
@@ -48,6 +48,9 @@ class Artifact:
     quantization: dict | None = None  # int8: hrm_edge.quantize's record of the mode
     mobile_usability: dict | None = None  # ONNX: check_onnx_model_mobile_usability's verdict
     converted_from: str | None = None  # .ort: the ONNX file it was converted from
+    # .pte: copies of the tied embedding table it stores (2: the gather's and the XNNPACK head's, which decodes
+    # 90x faster than the head on the portable kernels; the size rule counts both)
+    table_copies: int | None = None
     bytes: int | None = None  # file size and digest (set once the file is final; always in a manifest)
     sha256: str | None = None
     parity: dict | None = None  # {host target: check result}

@@ -53,6 +53,7 @@ INT8_VS_REFERENCE = Tolerance(rel_max_abs=1e-2, min_top1=0.99, max_ppl_ratio=1.0
 # [quant] table (default 0.97 and 1.02, the quality gate); the max-abs bound only catches a broken
 # artifact.
 INT8_VS_FP32_MAX_ABS = 5e-2
+INT4_VS_FP32_MAX_ABS = 1e-1  # 4-bit weights (the opt-in 8da4w program) move logits further
 
 
 def tolerances(quant_cfg) -> dict:
@@ -62,6 +63,8 @@ def tolerances(quant_cfg) -> dict:
         "int8_vs_int8_reference": asdict(INT8_VS_REFERENCE),
         "int8_vs_fp32_eager": asdict(Tolerance(INT8_VS_FP32_MAX_ABS, quant_cfg.int8_min_top1,
                                                quant_cfg.int8_max_ppl_ratio)),
+        "int4_vs_fp32_eager": asdict(Tolerance(INT4_VS_FP32_MAX_ABS, quant_cfg.int4_min_top1,
+                                               quant_cfg.int4_max_ppl_ratio)),
     }
 
 
@@ -237,10 +240,13 @@ def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_byt
     else:
         key = f"reference/{art.reference}"
         if key not in bundle:
-            return {"passed": False, "reason": f"the parity bundle has no int8 reference {art.reference!r}"}
+            return {"passed": False, "reason": f"the parity bundle has no {art.precision} reference {art.reference!r}"}
+        # vs its own eager reference: the runtime computes what was asked (the same bound at 8 and 4 bits);
+        # vs fp32: what quantization costs, with the bounds of its precision
         checks = [compare(logits, bundle[key], targets, Tolerance(**tol["int8_vs_int8_reference"]),
-                          f"int8 eager reference ({art.reference})"),
-                  compare(logits, bundle[fp32_key], targets, Tolerance(**tol["int8_vs_fp32_eager"]), fp32_name)]
+                          f"{art.precision} eager reference ({art.reference})"),
+                  compare(logits, bundle[fp32_key], targets, Tolerance(**tol[f"{art.precision}_vs_fp32_eager"]),
+                          fp32_name)]
     reasons = [f"vs {c['reference']}: {c['reason']}" for c in checks if not c["passed"]]
     greedy = greedy_check(path, art, bundle, reasons)
     size = path.stat().st_size

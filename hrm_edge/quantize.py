@@ -7,8 +7,9 @@ Static int8 (the ONNX Loop artifact):
     int8, not uint8: onnxruntime's uint8 x int8 MatMulInteger saturates its int16 pair sums on x86 CPUs
     without VNNI (measured on an AVX2 EPYC: int32 results off by up to 5e4, top-1 0.63 on the default
     model), while int8 x int8 (and uint8 x uint8) are exact there and on ARM64;
-  - the tied embedding table: int8 with one scale per row (= per output channel of the head), stored
-    once and read by both the embedding gather and the head (weight-only: the head's input stays fp32);
+  - the tied embedding table: int8 with one scale per row and per column (table_qparams), stored once and
+    read by both the embedding gather and the head; the head's input is quantized per position at run time
+    (symmetric int8, dynamic) and multiplied with the int8 table in integers (StaticInt8Head);
   - the gates (a few percent of the weights) and attention's activation x activation products stay fp32,
     and so do the block linears named in the preset's quant.static_fp32_linears (the default model keeps
     ffn.w_down in fp32: the SwiGLU product it reads is heavy-tailed, and its per-tensor 8-bit input alone
@@ -137,7 +138,34 @@ def static_int8_reference(model, plan: StaticInt8Plan):
     ref.register_forward_pre_hook(reset, with_kwargs=True)
     for name in plan.int8_linears:
         ref.block.get_submodule(name).register_forward_pre_hook(act_hook(name))
+    ref.head = StaticInt8Head(plan)
     return ref
+
+
+def quantize_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, D] -> (int8 values as float [N, D], scale [N, 1]): symmetric, one scale per row, round half to even
+    (what the graph's Div -> Round -> Clip computes)."""
+    scale = torch.clamp(x.abs().amax(dim=-1, keepdim=True) / INT8_MAX, min=1e-12)
+    return torch.clamp(torch.round(x / scale), -INT8_MAX, INT8_MAX), scale
+
+
+class StaticInt8Head(torch.nn.Module):
+    """The static int8 graph's tied head: its input, times the table's column scales, quantized to int8 per
+    position (dynamic, symmetric), an integer matmul with the int8 table, then the row and input scales.
+    No fp32 copy of the table is made at run time (dequantizing V x D weights per call cost more than the
+    rest of a decode step)."""
+
+    def __init__(self, plan: StaticInt8Plan):
+        super().__init__()
+        self.register_buffer("table_int8", torch.from_numpy(plan.embed_q.astype(np.float32)))  # [V, D] integer values
+        self.register_buffer("row_scale", torch.from_numpy(plan.embed_scale))  # [V]
+        self.register_buffer("col_scale", torch.from_numpy(plan.embed_col_scale))  # [D]
+
+    def forward(self, x):
+        lead = x.shape[:-1]
+        q, scale = quantize_per_row((x * self.col_scale).reshape(-1, x.shape[-1]))  # [N, D], [N, 1]
+        logits = (q @ self.table_int8.T) * scale * self.row_scale  # exact integer sums in fp32 (|sum| < 2^24)
+        return logits.reshape(*lead, -1)
 
 
 class Int8TiedEmbedding(torch.nn.Module):
@@ -163,15 +191,39 @@ class Int8TiedEmbedding(torch.nn.Module):
 
 def dynamic_int8_model(model):
     """A copy of `model` with int8 dynamic activations and int8 per-channel weights on every nn.Linear
-    (torchao Int8DynamicActivationIntxWeightConfig, which XNNPACK runs as int8 GEMMs) and the tied
-    embedding as Int8TiedEmbedding. It is both what the .pte is exported from and its eager reference
-    (torchao's eager kernels compute what XNNPACK's do, up to rounding)."""
+    (torchao Int8DynamicActivationIntxWeightConfig, which XNNPACK runs as int8 GEMMs; an untied head
+    (export_executorch.untie_head) is one of them) and the embedding gather as Int8TiedEmbedding. It is both
+    what the .pte is exported from and its eager reference (torchao's eager kernels compute what XNNPACK's
+    do, up to rounding)."""
     from torchao.quantization import quantize_
     from torchao.quantization.granularity import PerAxis
     from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
 
     q = copy.deepcopy(model).eval()
     quantize_(q, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)))
+    q.embed = Int8TiedEmbedding(model.embed.weight)
+    return q
+
+
+INT4_GROUP = 32  # 4-bit weights share one scale per 32 (ExecuTorch's Llama 8da4w default)
+
+
+def dynamic_int4_model(model):
+    """8da4w, as ExecuTorch's Llama: int8 dynamic activations x 4-bit weights with one scale per group of
+    INT4_GROUP inputs on every nn.Linear whose input width is a multiple of the group (the gates' up projections,
+    of input width gate_rank, stay int8 per channel), and the embedding gather as Int8TiedEmbedding."""
+    from torchao.quantization import quantize_
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+
+    def grouped(module, fqn):
+        return isinstance(module, torch.nn.Linear) and module.in_features % INT4_GROUP == 0
+
+    q = copy.deepcopy(model).eval()
+    quantize_(q, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(INT4_GROUP)),
+              filter_fn=grouped)
+    quantize_(q, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)),
+              filter_fn=lambda module, fqn: isinstance(module, torch.nn.Linear) and not grouped(module, fqn))
     q.embed = Int8TiedEmbedding(model.embed.weight)
     return q
 
@@ -206,13 +258,35 @@ def static_int8_pt2e_model(model, calib_windows: np.ndarray):
 
 def int8_weight_bytes(model, int8_names) -> int:
     """Bytes of a model's weights once `int8_names` parameters are int8 with one fp32 scale per row."""
+    return weight_bytes(model, {name: "int8" for name in int8_names})
+
+
+def weight_bytes(model, formats: dict) -> int:
+    """Bytes of a model's weights stored as `formats` says per parameter name: "int8" (one fp32 scale per row),
+    "int4" (two weights a byte, one fp32 scale per group of INT4_GROUP); fp32 where not named."""
     total = 0
     for name, p in model.named_parameters():
-        if name in int8_names:
+        fmt = formats.get(name, "fp32")
+        if fmt == "int8":
             total += p.numel() + 4 * p.shape[0]
+        elif fmt == "int4":
+            total += p.numel() // 2 + 4 * (p.numel() // INT4_GROUP)
         else:
             total += 4 * p.numel()
     return total
+
+
+def pte_weight_bytes(model, precision: str) -> int:
+    """The weight bytes a .pte program of `model` stores at `precision` ("fp32", "int8" = dynamic_int8_model,
+    "int4" = dynamic_int4_model): every parameter once, and the tied table a second time, as the head's
+    weight inside the XNNPACK delegate (export_executorch.untie_head)."""
+    linears = {f"{n}.weight": m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    if precision == "fp32":
+        return weight_bytes(model, {}) + 4 * model.embed.weight.numel()
+    bits = {n: "int8" if precision == "int8" or m.in_features % INT4_GROUP else "int4" for n, m in linears.items()}
+    table = model.embed.weight
+    head = table.numel() + 4 * table.shape[0] if precision == "int8" else table.numel() // 2 + 4 * (table.numel() // INT4_GROUP)
+    return weight_bytes(model, bits | {"embed.weight": "int8"}) + head
 
 
 def static_int8_names(plan: StaticInt8Plan) -> set:
@@ -226,8 +300,9 @@ def all_linear_int8_names(model) -> set:
 
 
 # ---- each int8 mode as the manifest describes it (an artifact's "quantization" record), one place per mode ----
-EVERY_LINEAR_PER_CHANNEL = "int8 symmetric per output channel (every linear: block and gates)"
-ROW_SCALED_TABLE = "int8 per row, one table shared by gather and head (weight-only head)"
+EVERY_LINEAR_PER_CHANNEL = "int8 symmetric per output channel (every linear: block, gates and the head)"
+ROW_SCALED_TABLE = "int8 per row; two copies: the gather's, and the head's as an int8 linear in XNNPACK"
+SHARED_ROW_SCALED_TABLE = "int8 per row, one table shared by gather and head (weight-only head)"
 
 
 def static_onnx_quantization(plan: StaticInt8Plan, calibration_sha256: str) -> dict:
@@ -235,7 +310,8 @@ def static_onnx_quantization(plan: StaticInt8Plan, calibration_sha256: str) -> d
     return {"mode": "static", "activation_scales": "per_step" if plan.per_step else "shared",
             "activations": "int8 asymmetric per tensor, calibrated",
             "weights": f"int8 symmetric per output channel ({', '.join(plan.int8_linears)})",
-            "embedding": "int8 with per-row and per-column scales, one table shared by gather and head (weight-only head)",
+            "embedding": "int8 with per-row and per-column scales, one table shared by gather and head; the head's input "
+                         "int8 per position (dynamic, symmetric), integer matmul",
             "fp32": ", ".join(("gates", "attention scores") + plan.fp32_linears),
             "calibration_sha256": calibration_sha256}
 
@@ -247,8 +323,19 @@ def dynamic_quantization() -> dict:
             "embedding": ROW_SCALED_TABLE, "calibration_sha256": None}
 
 
+def dynamic_int4_quantization() -> dict:
+    """The opt-in 8da4w ExecuTorch program (dynamic_int4_model): no calibration."""
+    return {"mode": "8da4w", "activation_scales": "dynamic per token",
+            "activations": "int8 dynamic asymmetric per token",
+            "weights": f"int4 symmetric, one scale per {INT4_GROUP} inputs (int8 per channel where the input width "
+                       f"is not a multiple of {INT4_GROUP}: the gates' up projections); the head too",
+            "embedding": "int8 per row for the gather; the head's copy of the table int4 (two copies)",
+            "calibration_sha256": None}
+
+
 def pt2e_quantization(calibration_sha256: str) -> dict:
     """The static PT2E ExecuTorch program (static_int8_pt2e_model)."""
     return {"mode": "static", "activation_scales": "per_step (one observer per unrolled node)",
-            "activations": "int8 per tensor, calibrated (PT2E XNNPACKQuantizer)", "weights": EVERY_LINEAR_PER_CHANNEL,
-            "embedding": ROW_SCALED_TABLE, "calibration_sha256": calibration_sha256}
+            "activations": "int8 per tensor, calibrated (PT2E XNNPACKQuantizer)",
+            "weights": "int8 symmetric per output channel (every linear: block and gates)",
+            "embedding": SHARED_ROW_SCALED_TABLE, "calibration_sha256": calibration_sha256}

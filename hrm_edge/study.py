@@ -82,14 +82,13 @@ BUDGETS = {
     # a d-128 HRM-LM, so "a quarter of the parameters" would mostly count embedding rows; at 1024 it is 38%
     # and the block is most of the rest. HRM-LM keeps the shipped model's block (d 128, 4 heads, H 2, L 3,
     # T 8); the 4-layer reference is d 160 (HRM-LM has 0.24x its unique parameters).
-    # 900 steps x 16 x 128 = 1.84 M tokens per model (0.85 epoch of a 6 MB slice of the stdlib, so no text
-    # is seen twice): sized from training speeds measured on one core of this shared machine (HRM-LM at
-    # T 8 ~5 k tokens/s, the 4-layer reference ~9 k, 15% margin for load) to stay within 75 minutes for ten
-    # models, three int8 lowerings and the decode runs; the README's run took 50 minutes.
+    # Data: a 12 MB slice of the pinned PyPI corpus (python -m hrm_edge.corpus), cut across its splits, so
+    # validation is code of projects no model trained on. 900 steps x 16 x 128 = 1.84 M tokens per model
+    # (about half an epoch of the slice: no text is seen twice).
     "full": Budget(
         name="full", vocab_size=1024, d_model=128, n_heads=4, ref_d_model=160, ref_heads=5, H_cycles=2, L_cycles=3,
         max_seq_len=256,
-        data=DataConfig(max_corpus_bytes=6_000_000, tokenizer_sample_bytes=4_000_000),
+        data=DataConfig(corpus="pypi", max_corpus_bytes=12_000_000, tokenizer_sample_bytes=4_000_000),
         train=TrainConfig(seed=1337, seq_len=128, batch_size=16, steps=900, lr=3e-3, min_lr=3e-4, warmup_steps=50,
                           eval_every=150, eval_batches=16, checkpoint_every=150, bf16_autocast=True),
         decode_prompt=32, decode_new_tokens=128, decode_rounds=3, decode_repeats=3),
@@ -101,7 +100,9 @@ class Entry:
     name: str
     tests: str  # what this model tests, for the table
     overrides: dict = field(default_factory=dict)  # ModelConfig fields changed from the budget's HRM-LM
-    role: str = "ablation"  # "reference" | "hrm" | "equal-compute" | "ablation"
+    role: str = "ablation"  # "reference" | "hrm" | "equal-compute" | "ablation" | "idea" (a training idea)
+    # TrainConfig fields changed from the budget's recipe; "{out}" in a value is the study folder
+    train_overrides: dict = field(default_factory=dict)
 
 
 def hrm_fields(b: Budget) -> dict:
@@ -139,6 +140,14 @@ def study_entries(b: Budget) -> list[Entry]:
               dict(H_cycles=4, L_cycles=1)),
         Entry("hrm-H2-L1", f"{cycles(2, 1)}: fewer block applications (what iteration depth buys)",
               dict(H_cycles=2, L_cycles=1)),
+        # the seed's training ideas, each on the plain HRM-LM recipe
+        Entry("hrm-curriculum", f"a curriculum over iterations: 1 outer cycle for the first third of the steps "
+                                f"({b.train.steps // 3}), then all {b.H_cycles}", {}, "idea",
+              dict(curriculum_steps=b.train.steps // 3)),
+        Entry("hrm-distill", "distillation from the 4-layer reference (trained first, same tokenizer): loss = "
+                             "0.5 x next-token CE + 0.5 x KL(teacher || student)", {}, "idea",
+              dict(distill_from="{out}/transformer-4L", distill_weight=0.5)),
+        Entry("hrm-gate-dropout", "dropout 0.1 on the gates' inputs while training", dict(gate_dropout=0.1), "idea"),
     ]
 
 
@@ -180,8 +189,12 @@ def train_entry(b: Budget, e: Entry, out: Path, resume: bool, threads: int, prog
         if differs:
             raise UserError(f"{folder} holds a different {e.name} checkpoint ({', '.join(differs)}); "
                             f"delete it or choose another --out")
+    overrides = {k: v.replace("{out}", str(out)) if isinstance(v, str) else v for k, v in e.train_overrides.items()}
+    if overrides.get("distill_from") and not (Path(overrides["distill_from"]) / CONFIG).is_file():
+        raise UserError(f"{e.name} distils from {overrides['distill_from']}, which is not trained yet; run the "
+                        f"study without --only, or with its teacher first")
     preset = Preset(name=f"study-{b.name}-{e.name}", model=want, data=copy.deepcopy(b.data),
-                    train=dataclasses.replace(b.train, threads=threads))
+                    train=dataclasses.replace(b.train, threads=threads, **overrides))
     load_before = os.getloadavg()[0]
     state = train(preset, folder, resume=continue_training, progress=progress,
                   log=lambda msg: log(f"[study] {e.name}: {msg}"))
@@ -195,7 +208,7 @@ def train_entry(b: Budget, e: Entry, out: Path, resume: bool, threads: int, prog
     tokens_per_s = statistics.median(rates)
     final, untrained = hist[-1], hist[0]
     result = {
-        "name": e.name, "role": e.role, "tests": e.tests, "overrides": e.overrides,
+        "name": e.name, "role": e.role, "tests": e.tests, "overrides": e.overrides, "train_overrides": e.train_overrides,
         "requested_model": _jsonable(want), "model": dataclasses.asdict(model.cfg),
         "block_applications": model.cfg.n_steps, "params_unique": unique, "params_per_application": total,
         "train_tokens": state["train_tokens"], "val_tokens": state["val_tokens"],
@@ -344,22 +357,24 @@ def render(study: dict) -> str:
         f"{study['tokenizer_sha256'][:12] if study['tokenizer_sha256'] else '?'}). Validation: "
         f"{tc['eval_batches'] * tc['batch_size']} windows of {tc['seq_len']} tokens of the held-out split, the same for every "
         f"model; bits/byte = loss / ln 2 x tokens / bytes of the split.", "",
-        "| model | unique params | vs 4L | T | val ppl | bits/byte | bpb vs 4L | train tok/s | epoch (est.) "
+        "| model | unique params | vs 4L | T | val ppl | bits/byte | bpb vs 4L | bpb vs hrm | train tok/s | epoch (est.) "
         "| int8 .pte bytes | int8 decode tok/s | decode vs 4L | decode vs equal-compute |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    hrm = by_name.get(study["hrm"])
     eq_decode = decode.get(eq, {}).get("decode_tokens_per_s")
     ref_decode = decode.get(study["reference"], {}).get("decode_tokens_per_s")
     for r in rows:
         p_ratio = f"{r['params_unique'] / ref['params_unique']:.2f}" if ref else "–"
         b_ratio = f"{r['val_bits_per_byte'] / ref['val_bits_per_byte']:.3f}" if ref else "–"
+        h_ratio = f"{r['val_bits_per_byte'] / hrm['val_bits_per_byte']:.3f}" if hrm else "–"
         dec = decode.get(r["name"], {}).get("decode_tokens_per_s")
         dec_s = f"{dec:,.0f}" if dec else "–"
         pte_bytes = f"{r['pte']['bytes']:,}" if "pte" in r else "–"
         d_ref = f"{dec / ref_decode:.2f}" if dec and ref_decode else "–"
         d_eq = f"{dec / eq_decode:.2f}" if dec and eq_decode else "–"
         lines.append(f"| {r['name']} | {r['params_unique']:,} | {p_ratio} | {r['block_applications']} | "
-                     f"{r['val_perplexity']:.2f} | {r['val_bits_per_byte']:.4f} | {b_ratio} | "
+                     f"{r['val_perplexity']:.2f} | {r['val_bits_per_byte']:.4f} | {b_ratio} | {h_ratio} | "
                      f"{r['train_tokens_per_s']:,.0f} | {_duration(r['epoch_s'])} | {pte_bytes} | {dec_s} | {d_ref} | {d_eq} |")
     d = study["decode"]
     lines += ["", "Goals (the issue's):", ""]
@@ -441,7 +456,8 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
     results = [_read_json(out / e.name / RESULT) for e in entries if (out / e.name / RESULT).is_file()]
     check_same_setup(results)
 
-    decoded = [e for e in entries if (out / e.name / RESULT).is_file() and (e.role != "ablation" or o.decode_ablations)]
+    decoded = [e for e in entries if (out / e.name / RESULT).is_file() and (e.role not in ("ablation", "idea")
+                                                                          or o.decode_ablations)]
     for e in decoded:
         export_entry(e, out, threads, log)
     decode = measure_decode(b, decoded, out, o.decode_threads, progress, log) if decoded else {}
@@ -478,7 +494,8 @@ def main(argv=None) -> int:
     p.add_argument("--resume", action="store_true",
                    help="continue the study in --out: keep finished models, continue an interrupted one from "
                         "its last checkpoint (without it, --out must not hold a study yet)")
-    p.add_argument("--corpus", help="text file or folder of UTF-8 text (default: the Python stdlib source)")
+    p.add_argument("--corpus", help="text file or folder of UTF-8 text, or pypi (default: the budget's: the stdlib "
+                                    "source for quick, the pinned PyPI corpus for full)")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads for training, tokenizing and lowering (default 0: all cores)")
     p.add_argument("--decode-threads", type=int, default=1, help="threads of the int8 decode measurement (default 1)")

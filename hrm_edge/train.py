@@ -225,6 +225,13 @@ def _optimizer_step(model: HRMLM, opt, batch: tuple, step: int, run: TrainStep, 
     return loss
 
 
+def _record_eval(state: dict, step: int, train_loss: float, ev: EvalResult, tokens_per_s: float, bar) -> None:
+    state["history"].append({"step": step, "train_loss": train_loss, "val_loss": ev.loss, "val_perplexity": ev.perplexity,
+                             "val_bits_per_byte": ev.bits_per_byte, "tokens_per_s": tokens_per_s})
+    if bar is not None:  # tqdm.write prints even when the bar is disabled
+        bar.write(f"step {step}: val loss {ev.loss:.4f}  ppl {ev.perplexity:.2f}  bpb {ev.bits_per_byte:.4f}")
+
+
 def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True, log=print,
           stop_at: int | None = None) -> dict:
     """Train preset into `out` (a checkpoint folder). Returns the final train state.
@@ -287,12 +294,8 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
         done = step + 1
         if done % tc.eval_every == 0 or done == tc.steps:
             ev = evaluate(model, val_windows, val_bpt, tc.batch_size, rank, world)
-            state["history"].append({"step": done, "train_loss": loss.item(), "val_loss": ev.loss,
-                                     "val_perplexity": ev.perplexity, "val_bits_per_byte": ev.bits_per_byte,
-                                     "tokens_per_s": tokens_since / max(now - t_last, 1e-9)})
+            _record_eval(state, done, loss.item(), ev, tokens_since / max(now - t_last, 1e-9), bar if rank == 0 else None)
             t_last, tokens_since = time.perf_counter(), 0
-            if rank == 0:  # tqdm.write prints even when the bar is disabled
-                bar.write(f"step {done}: val loss {ev.loss:.4f}  ppl {ev.perplexity:.2f}  bpb {ev.bits_per_byte:.4f}")
         if done % tc.checkpoint_every == 0 or done == tc.steps or done == stop_at:
             state["step"] = done
             state["wall_time_s"] = wall_before + time.perf_counter() - t_run

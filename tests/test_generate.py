@@ -57,6 +57,7 @@ def load_text_llm_runner():
     import torch  # noqa: F401  libtorch must be loaded first
     import executorch
     import executorch.kernels.quantized  # noqa: F401
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  our KV program's cache/attention ops
 
     so = next((Path(list(executorch.__path__)[0]) / "extension" / "llm" / "runner").glob("_llm_runner*.so"))
     spec = importlib.util.spec_from_file_location("executorch.extension.llm.runner._llm_runner", so)

@@ -1,6 +1,6 @@
 """python -m hrm_edge.study: the quick budget end to end, resume, and its user errors.
 
-The quick budget trains ten tiny models for 40 steps, so only robust things are asserted: every model
+The quick budget trains thirteen tiny models for 40 steps, so only robust things are asserted: every model
 learned something, the sizes are what the study claims, the files and the table are there, and the
 int8 programs decode. Which model wins is the full run's business (README), not CI's.
 """
@@ -43,6 +43,12 @@ def test_quick_study_end_to_end_and_resume(tmp_path):
     assert eq["model"]["d_model"] == hrm["model"]["d_model"] and eq["params_unique"] > hrm["params_unique"]
     assert models["hrm-no-gating"]["params_unique"] < hrm["params_unique"]  # the gates are gone
     assert models["hrm-H1-L7"]["block_applications"] == 8 and models["hrm-H2-L1"]["block_applications"] == 4
+    # the seed's training ideas: same model as hrm, another recipe
+    assert models["hrm-distill"]["train_overrides"]["distill_from"] == "{out}/transformer-4L"
+    assert models["hrm-curriculum"]["train_overrides"]["curriculum_steps"] == 40 // 3
+    assert models["hrm-gate-dropout"]["model"]["gate_dropout"] == 0.1
+    assert models["hrm-curriculum"]["params_unique"] == models["hrm-distill"]["params_unique"] == hrm["params_unique"]
+    assert "bpb vs hrm" in table
 
     for name in (ref["name"], hrm["name"], eq["name"]):
         assert study["decode"]["models"][name]["decode_tokens_per_s"] > 0, name

@@ -1,0 +1,50 @@
+"""The decode benchmark's ratios and the weight-byte accounting of the .pte programs (fast, no export)."""
+import torch
+
+from hrm_edge.bench import add_decode_ratios, render_peer_ratios
+from hrm_edge.config import ModelConfig
+from hrm_edge.model import HRMLM
+from hrm_edge.quantize import INT4_GROUP, pte_weight_bytes, weight_bytes
+
+
+def row(model, artifact, fmt, precision, tps):
+    return {"model": model, "artifact": artifact, "format": fmt, "precision": precision, "decode_tokens_per_s": tps,
+            "bytes": 1000, "load_s": 0.0, "ttft_ms": 1.0, "prefill_tokens_per_s": 1.0, "peak_rss_mb": 1.0}
+
+
+def test_each_program_is_compared_with_the_peer_of_its_runtime_and_precision_class():
+    rows = [row("hrm", "eager", "eager", "fp32", 100.0),
+            row("hrm", "hrm.fp32.kv.pte", "pte", "fp32", 400.0), row("hrm", "hrm.int8-dynamic.kv.pte", "pte", "int8", 600.0),
+            row("hrm", "hrm.8da4w.kv.pte", "pte", "int4", 700.0), row("hrm", "hrm.fp32.kv.ort", "ort", "fp32", 300.0),
+            row("hrm", "hrm.int8-static-perstep.kv.onnx", "onnx", "int8", 250.0),
+            row("baseline", "transformer.int8-dynamic.kv.pte", "pte", "int8", 500.0),
+            row("peer", "llama.fp32.pte", "pte", "fp32", 200.0), row("peer", "llama.8da4w.pte", "pte", "int4", 350.0),
+            row("peer", "llama.fp32.onnx", "onnx", "fp32", 150.0), row("peer", "llama.int8.onnx", "onnx", "int8", 500.0)]
+    add_decode_ratios(rows)
+    by = {r["artifact"]: r for r in rows}
+    assert by["hrm.fp32.kv.pte"]["peer"] == "llama.fp32.pte" and by["hrm.fp32.kv.pte"]["decode_vs_peer"] == 2.0
+    assert by["hrm.int8-dynamic.kv.pte"]["peer"] == "llama.8da4w.pte"  # int8 and 4-bit: one precision class
+    assert by["hrm.8da4w.kv.pte"]["decode_vs_peer"] == 2.0
+    assert by["hrm.fp32.kv.ort"]["peer"] == "llama.fp32.onnx"  # .ort runs in onnxruntime too
+    assert by["hrm.int8-static-perstep.kv.onnx"]["decode_vs_peer"] == 0.5
+    assert by["hrm.int8-dynamic.kv.pte"]["decode_vs_baseline"] == 1.2
+    assert "decode_vs_peer" not in by["llama.fp32.pte"] and by["eager"]["decode_vs_eager_fp32"] == 1.0
+    table = render_peer_ratios({"decode": {"rows": rows}})
+    # one line per peer: our fastest program of that class
+    assert "| hrm.8da4w.kv.pte |" in table and "| hrm.int8-dynamic.kv.pte |" not in table
+    assert "**0.50x**" in table and table.count("\n| ") == 4 + 1
+
+
+def test_pte_weight_bytes_count_the_tables_second_copy():
+    model = HRMLM(ModelConfig(vocab_size=512, d_model=64, n_heads=4, max_seq_len=32))
+    V, D = model.embed.weight.shape
+    fp32 = weight_bytes(model, {})
+    assert fp32 == 4 * sum(p.numel() for p in model.parameters())
+    assert pte_weight_bytes(model, "fp32") == fp32 + 4 * V * D
+    int8 = pte_weight_bytes(model, "int8")
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    # every linear and both table copies int8 (+ a scale per row); the rest fp32
+    assert int8 == fp32 - 3 * linear - 4 * V * D + 2 * (V * D + 4 * V) + 4 * sum(
+        m.weight.shape[0] for m in model.modules() if isinstance(m, torch.nn.Linear))
+    int4 = pte_weight_bytes(model, "int4")
+    assert int4 < int8 and model.gate_fast.up.in_features % INT4_GROUP  # the gates' up projections stay int8
