@@ -170,10 +170,9 @@ def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
 
     from hrm_edge.checkpoint import save_model
     from hrm_edge.config import ModelConfig
-    from hrm_edge.export_executorch import export_pte_decode, untie_head
+    from hrm_edge.export_executorch import export_pte_decode, quantized_for_pte
     from hrm_edge.export_onnx import export_onnx_decode
     from hrm_edge.model import HRMLM
-    from hrm_edge.quantize import dynamic_int8_model
 
     base = out_dir / "baseline"
     cfg = ModelConfig(**manifest["model"])
@@ -189,7 +188,7 @@ def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
     bos, eos = manifest["tokenizer"]["bos_id"], manifest["tokenizer"]["eos_id"]
     export_onnx_decode(model, base / "transformer.fp32.kv.onnx")
     export_pte_decode(model, base / "transformer.fp32.kv.pte", bos, eos)
-    export_pte_decode(dynamic_int8_model(untie_head(model)), base / "transformer.int8-dynamic.kv.pte", bos, eos)
+    export_pte_decode(quantized_for_pte(model, "int8"), base / "transformer.int8-dynamic.kv.pte", bos, eos)
     atomic_write_text(marker, json.dumps({"model": dataclasses.asdict(cfg)}) + "\n")
     return base
 

@@ -522,7 +522,7 @@ def _die_with_parent() -> None:
 def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefill_len: int) -> list[tuple[Artifact, dict]]:
     """Lower `jobs` from the checkpoint copied into `out` (the worker process's entry point). Returns
     (artifact, {reference name: eager quantized reference logits}) per program."""
-    from hrm_edge.export_executorch import export_pte, export_pte_decode
+    from hrm_edge.export_executorch import export_pte, export_pte_decode, quantized_for_pte
     from hrm_edge.quantize import pte_weight_bytes
     from hrm_edge.tokenizer import bos_id, eos_id, load_tokenizer
 
@@ -546,7 +546,7 @@ def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefil
             lower = export_pte_decode if job.program == "kv_cache" else export_pte
             path = lower(model, out / job.name, bos, eos, n_cycles=job.n_cycles)
         else:
-            qmodel = quantized.get(job.precision) or _quantized_for_pte(model, job.precision)
+            qmodel = quantized.get(job.precision) or quantized_for_pte(model, job.precision)
             quantized[job.precision] = qmodel
             path = export_pte_decode(qmodel, out / job.name, bos, eos, n_cycles=job.n_cycles)
             optional |= {"reference": job.name, "quantization": _pte_quantization(job.precision)}
@@ -556,15 +556,6 @@ def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefil
         results.append((Artifact.new(path, "pte", job.precision, job.program, "unrolled", **optional), references))
         print(f"[export] wrote {job.name} in {time.perf_counter() - t:.0f} s", flush=True)
     return results
-
-
-def _quantized_for_pte(model, precision: str):
-    """The model a quantized .pte is lowered from (and its eager reference): the head untied first, so that
-    it is quantized and delegated like every other linear."""
-    from hrm_edge.export_executorch import untie_head
-    from hrm_edge.quantize import dynamic_int4_model, dynamic_int8_model
-
-    return (dynamic_int8_model if precision == "int8" else dynamic_int4_model)(untie_head(model))
 
 
 def _pte_quantization(precision: str) -> dict:

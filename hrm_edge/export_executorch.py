@@ -78,6 +78,15 @@ def untie_head(model: HRMLM) -> HRMLM:
     return model
 
 
+def quantized_for_pte(model: HRMLM, precision: str) -> torch.nn.Module:
+    """The model a quantized .pte is lowered from (and its eager reference): the head untied first, so that
+    it is quantized and delegated like every other linear. precision: "int8" (8-bit dynamic activations x
+    int8 weights) or "int4" (8-bit dynamic activations x 4-bit grouped weights)."""
+    from hrm_edge.quantize import dynamic_int4_model, dynamic_int8_model
+
+    return (dynamic_int8_model if precision == "int8" else dynamic_int4_model)(untie_head(model))
+
+
 def metadata_methods(cfg, bos_id: int, eos_id: int, use_kv_cache: bool) -> dict:
     """Constant methods ExecuTorch's LLM runner reads (extension/llm/runner/constants.h)."""
     return {

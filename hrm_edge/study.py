@@ -251,8 +251,7 @@ def export_entry(e: Entry, out: Path, threads: int, log) -> dict:
     hrm.int8-dynamic.kv.pte (torchao int8 dynamic activations x int8 weights, XNNPACK)."""
     import torch
 
-    from hrm_edge.export_executorch import export_pte_decode
-    from hrm_edge.quantize import dynamic_int8_model
+    from hrm_edge.export_executorch import export_pte_decode, quantized_for_pte
     from hrm_edge.tokenizer import bos_id, eos_id, load_tokenizer
 
     folder = out / e.name
@@ -268,7 +267,7 @@ def export_entry(e: Entry, out: Path, threads: int, log) -> dict:
     t = time.perf_counter()
     model = load_model(folder)
     tok = load_tokenizer(folder / TOKENIZER)
-    export_pte_decode(dynamic_int8_model(model), path, bos_id(tok), eos_id(tok))
+    export_pte_decode(quantized_for_pte(model, "int8"), path, bos_id(tok), eos_id(tok))
     result["pte"] = {"path": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path),
                      "export_s": time.perf_counter() - t}
     atomic_write_text(folder / RESULT, json.dumps(result, indent=2) + "\n")

@@ -144,7 +144,8 @@ def test_copy_artifacts_into_the_app(tmp_path):
                                     timeout=120)
     assert_user_error(run(root, "--assets", tmp_path / "assets"), "no int8 KV-cache .pte")
     (root / "hrm.int8.kv.pte").write_bytes(b"a program")
-    pte = {"path": "hrm.int8.kv.pte", "format": "pte", "precision": "int8", "program": "kv_cache",
+    pte = {"path": "hrm.int8.kv.pte", "format": "pte", "runtime": "executorch", "iteration": "unrolled",
+           "precision": "int8", "program": "kv_cache",
            "sha256": sha256_file(root / "hrm.int8.kv.pte")}
     edit_manifest(root, lambda m: m["artifacts"].append(pte))
     proc = run(root, "--assets", tmp_path / "assets")

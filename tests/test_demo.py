@@ -35,7 +35,7 @@ def fake_export(root: Path, kv: bool = True) -> Path:
     np.savez(root / "parity_bundle.npz", windows=rng.integers(0, 64, (2, 17)),
              fp32_logits=rng.standard_normal((2, 16, 64)).astype(np.float32))
     (root / "m.kv.onnx").write_bytes(b"not really onnx")
-    arts = [{"path": "m.kv.onnx", "format": "onnx", "precision": "fp32", "program": "kv_cache" if kv else "full_sequence",
+    arts = [{"path": "m.kv.onnx", "format": "onnx", "runtime": "onnxruntime", "iteration": "onnx_loop", "precision": "fp32", "program": "kv_cache" if kv else "full_sequence",
              "prefill_len": 4, "bytes": 15, "sha256": sha256_file(root / "m.kv.onnx"), "parity": {"x86_64": {"passed": True}}}]
     tol = {"rel_max_abs": 1e-4, "min_top1": 0.999, "max_ppl_ratio": 1.001}
     manifest = {"format_version": 1, "model": {"max_seq_len": 32, "vocab_size": 64}, "artifacts": arts,

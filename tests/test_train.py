@@ -69,13 +69,19 @@ def test_presets_load():
 
 @pytest.mark.slow
 def test_training_speed_choices_are_measured(tmp_path):
-    """--speed-test measures every CPU speed-up choice (fp32, bf16, bigger batch, torch.compile) and writes them."""
+    """--speed-test measures every CPU speed-up choice (fp32, torch.compile, bf16 where native) and writes them."""
     from conftest import run_module
 
     proc = run_module("hrm_edge.train", "--preset", "tiny", "--speed-test", "--steps", "2", "--threads", "1",
                       "--out", tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((tmp_path / "train_speed.json").read_text())["rows"]
-    assert [r["variant"] for r in rows][:2] == ["fp32", "bf16 autocast"] and len(rows) == 4
-    assert all(r.get("tokens_per_s", 0) > 0 for r in rows), rows
-    assert rows[0]["vs_fp32"] == 1.0 and rows[2]["batch_size"] == 2 * rows[0]["batch_size"]
+    assert [r["variant"] for r in rows] == ["fp32", "fp32 + torch.compile", "bf16 autocast",
+                                             "bf16 autocast + torch.compile"]
+    assert all(r.get("tokens_per_s", 0) > 0 for r in rows[:2]), rows
+    assert rows[0]["vs_fp32"] == 1.0
+    from hrm_edge.train import native_bf16
+    import torch
+    for row in rows[2:]:  # measured where the CPU has native bf16, listed with the reason where it has not
+        assert (row.get("tokens_per_s", 0) > 0) if native_bf16(torch.device("cpu")) else \
+            row["skipped"] == "no native bf16 on this CPU", row
