@@ -10,6 +10,7 @@ checked against the manifest's sha256 first. Needs the .pte, so the export must 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -17,35 +18,30 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere in a checkout
 
 from hrm_edge.errors import UserError, run_cli  # noqa: E402
-from hrm_edge.io import sha256_file  # noqa: E402
-from hrm_edge.parity import load_bundle, read_manifest  # noqa: E402
+from hrm_edge.manifest import manifest_json, read_manifest, verify_files  # noqa: E402
+from hrm_edge.parity import load_bundle  # noqa: E402
 from hrm_edge.web_bundle import WEB_BUNDLE, write_web_bundle  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent / "app" / "src" / "main" / "assets"
 
 
-def checked(out_dir: Path, entry: dict) -> Path:
-    path = out_dir / entry["path"]
-    if not path.is_file():
-        raise UserError(f"{entry['path']} is missing from {out_dir}")
-    if sha256_file(path) != entry["sha256"]:
-        raise UserError(f"{entry['path']} does not match the sha256 in {out_dir}/manifest.json (modified); re-export")
-    return path
-
-
 def copy_artifacts(out_dir: Path, assets: Path = ASSETS, precision: str = "int8") -> list[Path]:
     manifest = read_manifest(out_dir)
-    kv = [a for a in manifest["artifacts"] if a["format"] == "pte" and a["program"] == "kv_cache"
-          and a["precision"] == precision and "cycles" not in a]
+    kv = [a for a in manifest["artifacts"] if a.format == "pte" and a.program == "kv_cache"
+          and a.precision == precision and a.cycles is None]
     if not kv:
         raise UserError(f"{out_dir} has no {precision} KV-cache .pte; run python -m hrm_edge.export (with ExecuTorch)")
+    listed = manifest.get("web_bundle") or manifest["parity_bundle"]
+    # every file checked against the manifest's sha256 before anything is copied
+    pte, tokenizer, bundle = verify_files(out_dir, manifest, [kv[0].path, manifest["tokenizer"]["path"], listed["path"]],
+                                          hint="re-export")
     assets.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(checked(out_dir, kv[0]), assets / "hrm.kv.pte")
-    shutil.copyfile(checked(out_dir, manifest["tokenizer"]), assets / "tokenizer.json")
+    shutil.copyfile(pte, assets / "hrm.kv.pte")
+    shutil.copyfile(tokenizer, assets / "tokenizer.json")
     if manifest.get("web_bundle"):
-        shutil.copyfile(checked(out_dir, manifest["web_bundle"]), assets / WEB_BUNDLE)
-    else:
-        write_web_bundle(assets, manifest, load_bundle(checked(out_dir, manifest["parity_bundle"])))
+        shutil.copyfile(bundle, assets / WEB_BUNDLE)
+    else:  # an export from before the web bundle was listed: build it (hrm_edge.web_bundle reads JSON)
+        write_web_bundle(assets, json.loads(manifest_json(manifest)), load_bundle(bundle))
     return [assets / n for n in ("hrm.kv.pte", "tokenizer.json", WEB_BUNDLE)]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from hrm_edge.errors import UserError, first_line, run_cli
@@ -112,7 +113,8 @@ def main(argv=None) -> int:
     p.add_argument("prompt", nargs="?", help="the text to complete (default: read from stdin)")
     p.add_argument("--artifacts", type=Path, default=Path("export/out"), help="export folder (default export/out)")
     p.add_argument("--runtime", choices=RUNTIMES, default="executorch", help="which runtime runs the model")
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32", help="which exported program (default fp32)")
+    p.add_argument("--precision", choices=("fp32", "int8", "int4"), default="fp32",
+                   help="which exported program (default fp32; int4: the opt-in 8da4w .pte)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
@@ -135,7 +137,9 @@ def main(argv=None) -> int:
     from hrm_edge.tokenizer import eos_id, load_tokenizer
 
     manifest = read_manifest(a.artifacts)
+    t_verify = time.perf_counter()
     files = verify_files(a.artifacts, manifest, files_to_load(manifest, a.runtime, a.precision), a.no_verify)
+    verify_ms = 1000 * (time.perf_counter() - t_verify)
     tok = load_tokenizer(files[0])
     ids = tok.encode(prompt, add_special_tokens=False).ids
     if not ids:
@@ -166,7 +170,9 @@ def main(argv=None) -> int:
     name = files[-1].name
     stop = "EOS" if g.stopped_at_eos else "max length"
     print(f"[{a.runtime} {name}, {a.threads} thread(s)] prefill {len(ids)} tokens at {g.prefill_tokens_per_s:.0f} "
-          f"tokens/s, decode {len(g.tokens)} tokens at {g.decode_tokens_per_s:.0f} tokens/s (stopped at {stop})")
+          f"tokens/s, decode {len(g.tokens)} tokens at {g.decode_tokens_per_s:.0f} tokens/s (stopped at {stop}); "
+          f"{'sha256 of' if not a.no_verify else 'unverified:'} {len(files)} files "
+          f"({sum(f.stat().st_size for f in files) / 1e6:.1f} MB) in {verify_ms:.0f} ms")
     return 0
 
 

@@ -117,9 +117,9 @@ def tiny_onnx_export(tmp_path_factory):
 @pytest.mark.slow
 def test_java_metrics_on_a_real_int8_artifact(classes, tiny_onnx_export, tmp_path):
     """A web bundle from a real export and the logits its int8 KV graph gives in onnxruntime."""
-    from hrm_edge.parity import load_bundle, read_manifest
+    from hrm_edge.parity import load_bundle
 
-    manifest = read_manifest(tiny_onnx_export)
+    manifest = json.loads((tiny_onnx_export / "manifest.json").read_text())
     path = write_web_bundle(tmp_path, manifest, load_bundle(tiny_onnx_export / manifest["parity_bundle"]["path"]))
     web = read_web_bundle(path)
     art = next(a for a in manifest["artifacts"]
@@ -145,7 +145,7 @@ def test_copy_artifacts_into_the_app(tmp_path):
     assert_user_error(run(root, "--assets", tmp_path / "assets"), "no int8 KV-cache .pte")
     (root / "hrm.int8.kv.pte").write_bytes(b"a program")
     pte = {"path": "hrm.int8.kv.pte", "format": "pte", "runtime": "executorch", "iteration": "unrolled",
-           "precision": "int8", "program": "kv_cache",
+           "precision": "int8", "program": "kv_cache", "bytes": 9,
            "sha256": sha256_file(root / "hrm.int8.kv.pte")}
     edit_manifest(root, lambda m: m["artifacts"].append(pte))
     proc = run(root, "--assets", tmp_path / "assets")

@@ -205,17 +205,21 @@ def test_int8_artifacts_pass_and_are_recorded(tiny_export):
 def test_static_int8_onnx_keeps_the_loop_with_integer_ops_inside(tiny_export):
     for name in ("hrm.int8-static-perstep.onnx", "hrm.int8-static-shared.onnx"):
         model = onnx.load(str(tiny_export / name))
+        m = load_manifest(tiny_export)
         loops = [n for n in model.graph.node if n.op_type == "Loop"]
         assert len(loops) == 1
         body = next(a.g for a in loops[0].attribute if a.name == "body")
         ops = [n.op_type for n in body.node]
         assert ops.count("QuantizeLinear") == 7 and ops.count("DequantizeLinear") == 7 and ops.count("MatMulInteger") == 7
         inits = {i.name: i for i in model.graph.initializer}
-        int8_weights = [i for i in inits.values() if i.data_type == onnx.TensorProto.INT8]
+        int8_weights = [i for i in inits.values() if i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2]
         assert len(int8_weights) == 8, "7 block linears + the tied embedding, each stored once"
+        # int8 (s8s8) activations: each linear's per-step zero points are int8 too, one per block application
+        zero_points = [i for i in inits.values() if i.name.endswith(".x_zero_point")]
+        assert len(zero_points) == 7 and all(i.data_type == onnx.TensorProto.INT8 for i in zero_points)
+        assert all(list(i.dims) == [m["block_applications"]] for i in zero_points)
         assert not body.initializer
         scales = onnx.numpy_helper.to_array(inits["q8.attn.wo.x_scale"])
-        m = load_manifest(tiny_export)
         assert scales.shape == (m["block_applications"],)
         if "perstep" in name:
             # a trained model's shared block sees different ranges at different steps

@@ -475,20 +475,15 @@ def test_complete_refuses_each_flipped_artifact_of_a_real_export(onnx_export, tm
 # ---- 6. reproducible artifacts ----
 # Two exports of one checkpoint (same options, so the same seeds): which files are the same bytes. The others
 # differ in layout only, never in what they compute (README, "Trust"): their parity numbers are identical.
-NOT_BYTE_IDENTICAL = {"hrm.fp32.ort", "hrm.fp32.kv.ort", "hrm.int8-static-perstep.ort",
-                      "hrm.int8-static-perstep.kv.ort", "hrm.int8-static-shared.ort"}
-
 
 @pytest.fixture(scope="module")
-def two_full_exports(tiny_checkpoint, tmp_path_factory):
-    outs = []
-    for name in ("first", "second"):
-        out = tmp_path_factory.mktemp("reliab") / name
-        proc = run_module("hrm_edge.export", "--checkpoint", tiny_checkpoint, "--out", out, "--no-progress",
-                          timeout=1800)
-        assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: a gate verdict, not a crash
-        outs.append(out)
-    return outs
+def two_full_exports(tiny_export, tmp_path_factory):
+    """The suite's tiny export and a second export of its checkpoint with the same options (so the same seeds)."""
+    out = tmp_path_factory.mktemp("reliab") / "second"
+    proc = run_module("hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out, "--cycles", "1",
+                      "--int8", "static,dynamic,8da4w", "--no-progress", timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [tiny_export, out]
 
 
 def parity_numbers(art: Artifact) -> dict:
@@ -508,7 +503,8 @@ def test_two_exports_are_byte_identical_but_the_ort_files(two_full_exports):
     for name in ("calibration.json", "calibration_set.npz", "required_operators.config"):
         a[name], b[name] = (sha256_file(d / name) for d in two_full_exports)
     differ = {name for name in a if a[name] != b[name]}
-    assert differ == NOT_BYTE_IDENTICAL & set(a), sorted(differ)
+    # the .ort files may differ: onnxruntime's converter writes its kernel-type-string table in hash-map order
+    assert not {name for name in differ if not name.endswith(".ort")}, sorted(differ)
     assert {p for p in a if p.endswith((".onnx", ".pte"))} and not differ & {p for p in a if p.endswith(".pte")}
     for x, y in zip(first["artifacts"], second["artifacts"]):
         assert x.path == y.path and parity_numbers(x) == parity_numbers(y), x.path
