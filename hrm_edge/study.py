@@ -413,6 +413,7 @@ class StudyOptions:
     threads: int = 0  # CPU threads for training, tokenizing and lowering (0: all cores)
     decode_threads: int = 1
     decode_ablations: bool = False  # also lower and time every ablation's int8 program
+    train_only: bool = False  # stop after training (a GPU machine without ExecuTorch); --resume does the rest
     progress: bool = True
     command: str = "python -m hrm_edge.study"  # recorded in study.json
 
@@ -438,11 +439,10 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
         raise UserError(f"{out} holds a study with a different budget "
                         f"({_read_json(out / STUDY_CONFIG)['budget']['name']}); choose another --out")
     atomic_write_text(out / STUDY_CONFIG, json.dumps(config, indent=2) + "\n")
-    # imported now, not when first needed an hour later, so that a long run uses the code it started with
-    import hrm_edge.bench  # noqa: F401
-    import hrm_edge.export_executorch  # noqa: F401
-    import hrm_edge.quantize  # noqa: F401
-    from hrm_edge.export import versions
+    if not o.train_only:  # imported now, not when first needed an hour later: a long run uses the code it started with
+        import hrm_edge.bench  # noqa: F401
+        import hrm_edge.export_executorch  # noqa: F401
+        import hrm_edge.quantize  # noqa: F401
 
     selected = [e for e in entries if not only or e.name in only]
 
@@ -454,12 +454,17 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
     # the table holds every model of this study that has a result: earlier --only runs included
     results = [_read_json(out / e.name / RESULT) for e in entries if (out / e.name / RESULT).is_file()]
     check_same_setup(results)
+    if o.train_only:
+        log(f"[study] trained {', '.join(done)} in {out}; run again with --resume to build and time the programs")
+        return {}
 
     decoded = [e for e in entries if (out / e.name / RESULT).is_file() and (e.role not in ("ablation", "idea")
                                                                           or o.decode_ablations)]
     for e in decoded:
         export_entry(e, out, threads, log)
     decode = measure_decode(b, decoded, out, o.decode_threads, progress, log) if decoded else {}
+
+    from hrm_edge.export import versions
 
     results = [_read_json(out / e.name / RESULT) for e in entries if (out / e.name / RESULT).is_file()]
     by_name = {r["name"]: r for r in results}
@@ -501,6 +506,9 @@ def main(argv=None) -> int:
     p.add_argument("--decode-ablations", action="store_true",
                    help="also build and time the int8 program of every ablation (minutes each), not only the "
                         "three main models")
+    p.add_argument("--train-only", action="store_true",
+                   help="only train the models (on a GPU if there is one, even without ExecuTorch installed); a "
+                        "later run with --resume keeps them and builds, times and tabulates")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
     a = p.parse_args(argv)
     if a.threads < 0 or a.decode_threads < 1:
@@ -516,8 +524,10 @@ def main(argv=None) -> int:
         os.environ.setdefault("RAYON_NUM_THREADS", str(a.threads))
     study = run_study(budget, a.out, StudyOptions(only=only, resume=a.resume, threads=a.threads,
                                                   decode_threads=a.decode_threads, decode_ablations=a.decode_ablations,
-                                                  progress=not a.no_progress,
+                                                  train_only=a.train_only, progress=not a.no_progress,
                                                   command=shlex.join(["python", "-m", "hrm_edge.study", *argv])))
+    if a.train_only:
+        return 0
     print()
     print(render(study))
     print(f"wrote {a.out / 'study.json'} and {a.out / 'study.md'}")

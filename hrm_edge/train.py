@@ -121,9 +121,12 @@ def _process_group(batch_size: int) -> ProcessGroup:
     if batch_size % world:
         raise UserError(f"batch_size {batch_size} is not divisible by the number of processes ({world}); "
                         f"the global batch is split evenly across them")
-    # NCCL only moves CUDA tensors: a GPU per process (main set it); otherwise everything stays on the CPU
-    device = torch.device("cuda", torch.cuda.current_device()) if distributed and dist.get_backend() == "nccl" \
-        else torch.device("cpu")
+    # NCCL only moves CUDA tensors: a GPU per process (main set it). Without torchrun: the GPU if there is one
+    # (the same steps, in bf16 where the preset asks for it), else the CPU
+    if distributed:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    else:
+        device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     return ProcessGroup(distributed, rank, world, device)
 
 
