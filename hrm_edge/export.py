@@ -31,7 +31,7 @@ from hrm_edge.parity import eager_logits, perplexity, run_gate, tolerances, writ
 
 DEFAULT_OUT = Path("export/out")
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "default_model"
-INT8_MODES = ("static", "dynamic", "pt2e", "8da4w")
+INT8_MODES = ("static", "static-shared", "dynamic", "pt2e", "8da4w")
 GREEDY_NEW_TOKENS = 64  # decode parity: this many greedy tokens must match eager fp32 exactly
 
 
@@ -56,7 +56,7 @@ def parse_int8_modes(text: str) -> tuple[str, ...]:
     modes = () if text.strip() == "none" else tuple(m.strip() for m in text.split(",") if m.strip())
     bad = sorted(set(modes) - set(INT8_MODES))
     if bad:
-        raise UserError(f"int8 modes: unknown {', '.join(bad)}; choose from static, dynamic, pt2e, 8da4w, or none")
+        raise UserError(f"int8 modes: unknown {', '.join(bad)}; choose from {', '.join(INT8_MODES)}, or none")
     return modes
 
 
@@ -190,6 +190,11 @@ def prepare_checkpoint(out: Path, options: ExportOptions, log=print, staging: Pa
         if not checkpoint.is_dir():
             raise UserError(f"checkpoint folder not found: {checkpoint}")
         data_cfg, quant_cfg = configs_for(checkpoint, options.corpus)
+        if not options.corpus and checkpoint.resolve() == SHIPPED_CHECKPOINT:
+            # The shipped model trained on the PyPI corpus, which a fresh machine has not downloaded: its parity
+            # windows and calibration come from the standard library's splits (on every machine; code the PyPI
+            # corpus excludes, so held out from training too). --corpus pypi uses the corpus's own splits.
+            data_cfg.corpus = ""
         seq_len = load_train_state(checkpoint).get("train", {}).get("seq_len", 128)
     else:
         checkpoint, data_cfg, quant_cfg, seq_len = _train_preset(out, options, log)
@@ -228,7 +233,7 @@ def build_parity_set(run: ExportRun) -> None:
     from hrm_edge.data import encode_documents, fixed_windows, load_corpus
 
     _stage("building the parity set from the validation split", run.log)
-    run.corpus = load_corpus(run.data_cfg)
+    run.corpus = load_corpus(run.data_cfg, required_splits=("val",))  # an export reads no training text
     run.windows = fixed_windows(encode_documents(run.tok, run.corpus.val), run.options.parity_samples, run.seq_len)
     run.reference = eager_logits(run.model, run.windows[:, :-1])
     run.prefill_len = max(1, run.seq_len // 4)
@@ -291,7 +296,7 @@ def export_int8(run: ExportRun) -> None:
 
     fp32_linears = parse_linear_names(run.quant_cfg.static_fp32_linears)
     calibrate(run)
-    if "static" in run.int8 and run.has(f"{run.cfg.arch}.fp32.onnx"):
+    if {"static", "static-shared"} & set(run.int8) and run.has(f"{run.cfg.arch}.fp32.onnx"):
         if run.cfg.arch != "hrm":
             run.log("[export] static int8 ONNX is built for the HRM Loop graph only; skipped for the transformer baseline")
         else:
@@ -316,14 +321,15 @@ def calibrate(run: ExportRun) -> None:
 
 
 def export_static_int8_onnx(run: ExportRun, fp32_linears: tuple) -> None:
-    """Static int8 inside the Loop body, with activation scales per iteration step and shared (+ the per-step
-    KV-cache graph)."""
+    """Static int8 inside the Loop body, with activation scales per iteration step (static: + the KV-cache
+    graph) and/or one scale shared by every step (static-shared: a comparison; on the default model it misses
+    the top-1 gate that per-step scales pass, so it is opt-in)."""
     from hrm_edge.export_onnx import quantize_static_int8
     from hrm_edge.quantize import (int8_weight_bytes, static_int8_names, static_int8_reference, static_onnx_quantization,
                                    static_plan)
 
     model, tokens = run.model, run.windows[:, :-1]
-    for scales in ("per_step", "shared"):
+    for scales in [s for s, mode in (("per_step", "static"), ("shared", "static-shared")) if mode in run.int8]:
         _stage(f"static int8 ONNX, activation scales {scales.replace('_', ' ')}", run.log)
         plan = static_plan(model, run.ranges, per_step=scales == "per_step", fp32_linears=fp32_linears)
         stem = f"hrm.int8-static-{scales.replace('_', '')}"
@@ -476,7 +482,7 @@ def gate(run: ExportRun, manifest: dict) -> bool:
     _stage(f"parity gate on {len(run.artifacts)} artifact(s), {run.windows.shape[0]} x {run.seq_len} tokens", run.log)
     # The reference was computed by build_parity_set from the same model: no need to recompute it.
     ok = run_gate(run.out, manifest, recompute_reference=False, log=run.log)
-    run.log(f"[export] {'PASSED' if ok else 'FAILED'}: {run.out / MANIFEST}, {run.out / REPORT}")
+    run.log(f"[export] {'PASSED' if ok else 'FAILED'} (the verdicts: {MANIFEST}, {REPORT})")
     return ok
 
 
@@ -583,15 +589,17 @@ def main(argv=None) -> int:
     src.add_argument("--checkpoint", type=Path, help="export this checkpoint folder (config.json, model.safetensors, "
                                                      "tokenizer.json) instead of training")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
-    p.add_argument("--corpus", help="text file or folder of UTF-8 text (default: the Python stdlib source); also "
-                                    "the source of the held-out parity windows")
+    p.add_argument("--corpus", help="text file or folder of UTF-8 text, or pypi; also the source of the held-out "
+                                    "parity windows (default: the checkpoint's or preset's corpus; for the shipped "
+                                    "model, the Python standard library, which it never trained on)")
     p.add_argument("--steps", type=int, help="override the preset's training steps")
     p.add_argument("--parity-samples", type=int, default=8, help="validation windows for the parity gate (default 8)")
     p.add_argument("--formats", default="onnx,pte", help="comma-separated subset of onnx,pte (default: both)")
     p.add_argument("--int8",
-                   help="quantized artifacts to add: comma-separated subset of static,dynamic,8da4w,pt2e, or none "
-                        "(default: the preset's [quant] int8_modes: static,dynamic for tiny and default). static: ONNX "
-                        "Loop graphs with calibrated int8 activation scales, per iteration step and shared; dynamic: "
+                   help="quantized artifacts to add: comma-separated subset of static,static-shared,dynamic,8da4w,pt2e, or "
+                        "none (default: the preset's [quant] int8_modes: static,dynamic for tiny and default). static: "
+                        "ONNX Loop graphs with calibrated int8 activation scales per iteration step; static-shared: the "
+                        "same with one scale for every step (a comparison); dynamic: "
                         "ExecuTorch KV-cache program with int8 dynamic activations x int8 weights (torchao); 8da4w: the "
                         "same with 4-bit grouped weights, as ExecuTorch's Llama (gated with the preset's int4 bounds); "
                         "pt2e: ExecuTorch program with static PT2E XNNPACKQuantizer int8 (per-step scales by "

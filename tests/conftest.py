@@ -20,7 +20,7 @@ def tiny_export(tmp_path_factory):
     """One end-to-end tiny export shared by the slow tests (trains ~30 s, exports ~2 min), with the depth
     dial's 1-cycle artifacts and the opt-in 4-bit program."""
     out = tmp_path_factory.mktemp("tiny_export")
-    proc = run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--cycles", "1", "--int8", "static,dynamic,8da4w",
+    proc = run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--cycles", "1", "--int8", "static,static-shared,dynamic,8da4w",
                       "--no-progress", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out

@@ -481,7 +481,7 @@ def two_full_exports(tiny_export, tmp_path_factory):
     """The suite's tiny export and a second export of its checkpoint with the same options (so the same seeds)."""
     out = tmp_path_factory.mktemp("reliab") / "second"
     proc = run_module("hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out, "--cycles", "1",
-                      "--int8", "static,dynamic,8da4w", "--no-progress", timeout=1800)
+                      "--int8", "static,static-shared,dynamic,8da4w", "--no-progress", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [tiny_export, out]
 
