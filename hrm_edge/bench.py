@@ -202,6 +202,7 @@ class DecodeJob:
     name: str  # file name in folder, or "eager"
     format: str  # "eager" | "onnx" | "ort" | "pte"
     precision: str  # "fp32" | "int8" | "int4" (for peers: "8da4w" counts as int4)
+    full_depth: bool = True  # False: a depth-dial program (fewer outer cycles), never compared with a peer
 
     def measure(self, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
         if self.model == "peer":
@@ -216,7 +217,8 @@ def decode_jobs(out_dir: Path, manifest: dict, baseline: bool, peers: bool, log=
     """Eager fp32, every KV-cache artifact, then the unshared baseline's and the peers' programs."""
     arch = manifest["model"]["arch"]
     jobs = [DecodeJob(arch, out_dir, "eager", "eager", "fp32")] + [
-        DecodeJob(arch, out_dir, a.path, a.format, a.precision) for a in manifest["artifacts"] if a.program == "kv_cache"]
+        DecodeJob(arch, out_dir, a.path, a.format, a.precision, a.cycles is None)
+        for a in manifest["artifacts"] if a.program == "kv_cache"]
     if baseline:
         base = export_baseline(out_dir, manifest, log)
         jobs += [DecodeJob("baseline", base, "eager", "eager", "fp32")] + [
@@ -246,7 +248,8 @@ def run_decode_bench(out_dir: Path, threads: int, lengths: tuple, repeats: int, 
     rows = []
     for job, runs in zip(jobs, measured):
         row = sorted(runs, key=lambda m: m["decode_tokens_per_s"])[len(runs) // 2]
-        rows.append(row | {"model": job.model, "format": job.format, "precision": job.precision, "rounds": rounds,
+        rows.append(row | {"model": job.model, "format": job.format, "precision": job.precision,
+                           "full_depth": job.full_depth, "rounds": rounds,
                            "decode_tokens_per_s_rounds": [m["decode_tokens_per_s"] for m in runs],
                            "bytes": (job.folder / job.name).stat().st_size if job.name != "eager" else None})
     add_decode_ratios(rows)
@@ -275,7 +278,7 @@ def add_decode_ratios(rows: list[dict]) -> None:
         if twin:
             row["decode_vs_baseline"] = row["decode_tokens_per_s"] / twin["decode_tokens_per_s"]
         peer = peers.get((runtime(row["format"]), row["precision"] == "fp32"))
-        if peer:
+        if peer and row.get("full_depth", True):  # the depth dial runs fewer block applications: not a peer's match
             row["peer"] = peer["artifact"]
             row["decode_vs_peer"] = row["decode_tokens_per_s"] / peer["decode_tokens_per_s"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import torch
 
-from hrm_edge.io import atomic_write_bytes
+from hrm_edge.io import atomic_write_bytes, atomic_write_text
 from hrm_edge.model import HRMLM, FunctionalDecodeForm, RMSNorm, TracedForm, cache_steps
 
 
@@ -331,7 +331,9 @@ def export_ort(onnx_paths: list[Path], out_dir: Path) -> tuple[list[Path], Path]
             os.replace(ort_file, out_dir / ort_file.name)  # same file system: appears complete or not at all
             written.append(out_dir / ort_file.name)
         config = next(dst.glob("*.config"))
-        os.replace(config, out_dir / "required_operators.config")
+        # the tool lists the files it read by their temporary paths: keep only the names (reproducible bytes)
+        text = config.read_text().replace(f"{dst}{os.sep}", "")
+        atomic_write_text(out_dir / "required_operators.config", text)
     return written, out_dir / "required_operators.config"
 
 

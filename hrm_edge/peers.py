@@ -108,7 +108,7 @@ def _programs(folder: Path, build_s: dict) -> list[PeerProgram]:
 
 def build_peers(shape: PeerShape, folder: Path, log=print) -> list[PeerProgram]:
     """Build the four peer programs into `folder` (reused when its marker records the same shape and versions)."""
-    folder = Path(folder)
+    folder = Path(folder).resolve()  # the tools run in other working directories
     marker = folder / MARKER
     record = {"shape": dataclasses.asdict(shape), "versions": tool_versions()}
     if marker.is_file() and all((folder / n).is_file() for n in PEER_FILES):

@@ -210,14 +210,16 @@ INT4_GROUP = 32  # 4-bit weights share one scale per 32 (ExecuTorch's Llama 8da4
 
 def dynamic_int4_model(model):
     """8da4w, as ExecuTorch's Llama: int8 dynamic activations x 4-bit weights with one scale per group of
-    INT4_GROUP inputs on every nn.Linear whose input width is a multiple of the group (the gates' up projections,
-    of input width gate_rank, stay int8 per channel), and the embedding gather as Int8TiedEmbedding."""
+    INT4_GROUP inputs on every block nn.Linear whose input width is a multiple of the group (the gates' up
+    projections, of input width gate_rank, stay int8 per channel), and the embedding gather as
+    Int8TiedEmbedding. The untied head stays int8 per channel: on the shipped model a 4-bit head costs top-1
+    0.862 -> 0.832 and perplexity 1.078x -> 1.114x against fp32 (eager, parity windows), for 0.5 MB."""
     from torchao.quantization import quantize_
     from torchao.quantization.granularity import PerAxis, PerGroup
     from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
 
     def grouped(module, fqn):
-        return isinstance(module, torch.nn.Linear) and module.in_features % INT4_GROUP == 0
+        return isinstance(module, torch.nn.Linear) and module.in_features % INT4_GROUP == 0 and fqn != "head"
 
     q = copy.deepcopy(model).eval()
     quantize_(q, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4, weight_granularity=PerGroup(INT4_GROUP)),
@@ -285,7 +287,7 @@ def pte_weight_bytes(model, precision: str) -> int:
         return weight_bytes(model, {}) + 4 * model.embed.weight.numel()
     bits = {n: "int8" if precision == "int8" or m.in_features % INT4_GROUP else "int4" for n, m in linears.items()}
     table = model.embed.weight
-    head = table.numel() + 4 * table.shape[0] if precision == "int8" else table.numel() // 2 + 4 * (table.numel() // INT4_GROUP)
+    head = table.numel() + 4 * table.shape[0]  # int8 per channel in both (dynamic_int4_model keeps the head int8)
     return weight_bytes(model, bits | {"embed.weight": "int8"}) + head
 
 

@@ -33,6 +33,11 @@ def test_each_program_is_compared_with_the_peer_of_its_runtime_and_precision_cla
     # one line per peer: our fastest program of that class
     assert "| hrm.8da4w.kv.pte |" in table and "| hrm.int8-dynamic.kv.pte |" not in table
     assert "**0.50x**" in table and table.count("\n| ") == 4 + 1
+    # a depth-dial program (fewer outer cycles) is faster by construction: never someone's peer match
+    c1 = row("hrm", "hrm.int8-dynamic.c1.kv.pte", "pte", "int8", 5000.0) | {"full_depth": False}
+    rows.append(c1)
+    add_decode_ratios(rows)
+    assert "decode_vs_peer" not in c1 and "hrm.int8-dynamic.c1" not in render_peer_ratios({"decode": {"rows": rows}})
 
 
 def test_pte_weight_bytes_count_the_tables_second_copy():

@@ -213,10 +213,10 @@ def python_self_test(export_dir: Path, model_id: str) -> dict:
 
 def int8_reference_self_test(export_dir: Path, model_id: str) -> dict:
     """The Self-test's numbers had the int8 program computed exactly its eager int8 reference."""
-    from hrm_edge.parity import load_bundle, read_manifest
+    from hrm_edge.parity import load_bundle
     from hrm_edge.web_bundle import check_web_bundle, read_web_bundle
 
-    manifest = read_manifest(export_dir)
+    manifest = json.loads((export_dir / "manifest.json").read_text())
     art = next(a for a in manifest["artifacts"] if a["path"] == model_id)
     web = read_web_bundle(export_dir / "web_bundle.bin")
     n, s = web.logits.shape[:2]
@@ -299,12 +299,13 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
 
 @pytest.mark.slow
 def test_self_test_fails_on_a_perturbed_web_bundle(default_export, browser, tmp_path):
-    from hrm_edge.parity import load_bundle, read_manifest
+    from hrm_edge.parity import load_bundle
     from hrm_edge.web_bundle import read_web_bundle, write_web_bundle
 
     export = tmp_path / "perturbed"
     shutil.copytree(default_export, export)
-    path = write_web_bundle(export, read_manifest(export), load_bundle(export / "parity_bundle.npz"))
+    path = write_web_bundle(export, json.loads((export / "manifest.json").read_text()),
+                            load_bundle(export / "parity_bundle.npz"))
     web = read_web_bundle(path)
     data = bytearray(path.read_bytes())
     offset = web.header["logits_offset"]

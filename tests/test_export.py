@@ -139,7 +139,8 @@ def children_of(pid: int) -> list[int]:
 
 
 def test_killed_export_leaves_nothing_listed(tiny_export, tmp_path):
-    """kill -9 in the middle of an export: no manifest lists a partial artifact; the next run cleans up."""
+    """kill -9 in the middle of an export: the earlier export in the folder stays whole (every file matches its
+    manifest); the next run cleans up."""
     out = tmp_path / "out"
     shutil.copytree(tiny_export, out)  # an earlier complete export lives here
     cmd = [sys.executable, "-m", "hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out,
@@ -162,12 +163,14 @@ def test_killed_export_leaves_nothing_listed(tiny_export, tmp_path):
         time.sleep(0.2)
     else:
         raise AssertionError(f"worker processes {workers} outlived the killed export")
-    assert not (out / "manifest.json").exists(), "a stale manifest would list files being replaced"
+    # the run wrote into its staging folder only: the earlier export is still whole, manifest and files alike
+    from hrm_edge.manifest import read_manifest, verify_files
+    verify_files(out, read_manifest(out))
     onnx.checker.check_model(onnx.load(str(out / "hrm.fp32.onnx")), full_check=True)  # complete, not truncated
     proc = run_module("hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out,
                       "--no-progress", "--formats", "onnx")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert not list(out.glob(".*.tmp"))
+    assert not list(out.glob(".*.tmp")) and not (out / ".export-staging").exists()  # the killed run's leftovers
     assert load_manifest(out)["passed"] is True
 
 
