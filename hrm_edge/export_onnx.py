@@ -19,6 +19,7 @@ import torch
 
 from hrm_edge.io import atomic_write_bytes, atomic_write_text
 from hrm_edge.model import HRMLM, FunctionalDecodeForm, RMSNorm, TracedForm, cache_steps
+from hrm_edge.onnx_passes import hoist_loop_invariants
 
 
 def strip_debug_metadata(graph: onnx.GraphProto) -> None:
@@ -93,6 +94,8 @@ def _export(module, example: tuple, dynamic: tuple, input_names, output_names, p
     proto = program.model_proto
     strip_debug_metadata(proto.graph)
     head_as_gemm(proto.graph)
+    if needs_loop:
+        hoist_loop_invariants(proto.graph)
     cfg = module.model.cfg
     onnx.helper.set_model_props(proto, {"max_seq_len": str(cfg.max_seq_len), "vocab_size": str(cfg.vocab_size)})
     if needs_loop and "Loop" not in main_graph_ops(proto):
@@ -143,11 +146,21 @@ def export_onnx_decode(model: HRMLM, path: Path, n_cycles: int | None = None) ->
 # onnxruntime's static quantizer does not look inside Loop bodies, and inside a body ORT does not fuse
 # QDQ patterns (measured: slower than fp32, or a session error). So the body gets explicit integer ops:
 #   x_q = QuantizeLinear(x, s[t], zp[t])          s, zp: [T] vectors gathered by the loop counter t
-#   y_i = MatMulInteger(x_q, W_q, zp[t])          int8 weights, an outer-graph initializer stored once
+#   y_i = MatMulInteger(x_q, W_q, zp[t], 128)     weights an outer-graph initializer stored once
 #   y   = DequantizeLinear(y_i, s[t] * w_scale, axis=-1)
-# which is what QDQ means, computed in int32 (measured 2.5-3x faster than fp32 in a Loop body).
-# The tied embedding table is one int8 initializer with per-row and per-column scales: the gather reads int8 rows, the
-# head multiplies it with its input quantized per position at run time (_int8_head_nodes).
+# which is what QDQ means, computed in int32. The plan's int8 values are stored shifted by 128 as uint8 (zero
+# points shifted too): the integer sums are identical, and uint8 x uint8 is the one form onnxruntime runs both
+# exactly and fast on x86 without VNNI (a 1x256 @ 256x704 MatMulInteger on this AVX2 CPU: u8u8 14 us, s8s8
+# 146 us: no s8 x s8 kernel there; u8s8 13 us but its int16 pair sums saturate, wrong results).
+# The tied embedding table is one uint8 initializer [D, V] (transposed: it is the head's right operand) with
+# per-row and per-column scales: the gather reads its columns, the head multiplies it with its input quantized
+# per position at run time (_int8_head_nodes).
+U8_SHIFT = 128  # int8 value v is stored as uint8 v + 128
+
+
+def _as_uint8(q: np.ndarray) -> np.ndarray:
+    return (np.asarray(q).astype(np.int16) + U8_SHIFT).astype(np.uint8)
+
 
 def _initializers(graph: onnx.GraphProto) -> dict:
     return {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
@@ -160,12 +173,11 @@ def _find_initializer(arrays: dict, target) -> str:
     raise RuntimeError(f"no initializer holds a weight of shape {target.shape}")
 
 
-def _int8_head_nodes(x: str, y: str, table: str, row_scale: str, col_scale: str, inits) -> list:
+def _int8_head_nodes(x: str, y: str, table_t: str, row_scale: str, col_scale: str, inits) -> list:
     """The tied head on the int8 table, as quantize.StaticInt8Head computes it: x [N, D] times the column
-    scales, quantized to int8 per row (symmetric, scale max|x| / 127), MatMulInteger(table [V, D], x_q^T [D, N])
-    (the table as the left operand: MatMulInteger has no transposed-B form, and a second, transposed copy of
-    the table would double its bytes), transposed back to [N, V] and scaled by row x input scales.
-    Dequantizing the V x D table on every call instead cost more than the rest of a decode step."""
+    scales, quantized to int8 per row (symmetric, scale max|x| / 127, stored + 128 as uint8),
+    MatMulInteger(x_q [N, D], table_t [D, V]), then the row and input scales. Dequantizing the V x D table on
+    every call instead cost more than the rest of a decode step."""
     from onnx import TensorProto, helper
 
     p = "q8.head"
@@ -173,6 +185,8 @@ def _int8_head_nodes(x: str, y: str, table: str, row_scale: str, col_scale: str,
     qmax = inits.add(f"{p}.qmax", np.array(127.0, dtype=np.float32))
     qmin = inits.add(f"{p}.qmin", np.array(-127.0, dtype=np.float32))
     tiny = inits.add(f"{p}.tiny", np.array(1e-12, dtype=np.float32))
+    shift = inits.add(f"{p}.shift", np.array(float(U8_SHIFT), dtype=np.float32))
+    zp = inits.add(f"{p}.zero_point", np.array(U8_SHIFT, dtype=np.uint8))
     return [
         helper.make_node("Mul", [x, col_scale], [f"{p}.xc"], name=f"{p}.col_scale"),
         helper.make_node("Abs", [f"{p}.xc"], [f"{p}.abs"], name=f"{p}.abs"),
@@ -182,10 +196,9 @@ def _int8_head_nodes(x: str, y: str, table: str, row_scale: str, col_scale: str,
         helper.make_node("Div", [f"{p}.xc", f"{p}.s"], [f"{p}.xs"], name=f"{p}.divide"),
         helper.make_node("Round", [f"{p}.xs"], [f"{p}.xr"], name=f"{p}.round"),  # half to even
         helper.make_node("Clip", [f"{p}.xr", qmin, qmax], [f"{p}.xcl"], name=f"{p}.clip"),
-        helper.make_node("Cast", [f"{p}.xcl"], [f"{p}.xq"], to=TensorProto.INT8, name=f"{p}.to_int8"),
-        helper.make_node("Transpose", [f"{p}.xq"], [f"{p}.xqT"], perm=[1, 0], name=f"{p}.transpose_x"),  # [D, N]
-        helper.make_node("MatMulInteger", [table, f"{p}.xqT"], [f"{p}.yT"], name=f"{p}.matmul"),  # int32 [V, N]
-        helper.make_node("Transpose", [f"{p}.yT"], [f"{p}.yi"], perm=[1, 0], name=f"{p}.transpose_y"),  # [N, V]
+        helper.make_node("Add", [f"{p}.xcl", shift], [f"{p}.xu"], name=f"{p}.shift"),  # [1, 255]
+        helper.make_node("Cast", [f"{p}.xu"], [f"{p}.xq"], to=TensorProto.UINT8, name=f"{p}.to_uint8"),
+        helper.make_node("MatMulInteger", [f"{p}.xq", table_t, zp, zp], [f"{p}.yi"], name=f"{p}.matmul"),  # int32 [N, V]
         helper.make_node("Cast", [f"{p}.yi"], [f"{p}.yf"], to=TensorProto.FLOAT, name=f"{p}.to_float"),
         helper.make_node("Mul", [f"{p}.yf", f"{p}.s"], [f"{p}.ys"], name=f"{p}.input_scale"),
         helper.make_node("Mul", [f"{p}.ys", row_scale], [y], name=f"{p}.row_scale"),
@@ -219,61 +232,87 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
 
 
 def _quantize_block_linears(body: onnx.GraphProto, arrays: dict, model: HRMLM, plan, inits: NewInitializers) -> None:
-    """Each body MatMul that reads an int8 block linear's weight becomes Quantize -> MatMulInteger -> Dequantize
-    with the step's activation scale gathered by the Loop counter."""
-    from onnx import helper
-
-    t_name = body.input[0].name  # the Loop's iteration counter, 0..T-1
+    """The body MatMuls that read int8 block linears' weights become Quantize -> MatMulInteger -> Cast -> Mul
+    with the step's activation scale gathered by the Loop counter (onnxruntime fuses the last three into one
+    MatMulIntegerToFloat). Linears that read the same input with the same scales (wq and wk; w_up and w_gate)
+    share one quantization and one MatMulInteger over their weights side by side, split after."""
     # which body MatMul reads which block weight: the exporter stores W^T under a generated name
     weight_of = {_find_initializer(arrays, model.block.get_submodule(n).weight.detach().numpy().T): n
                  for n in plan.int8_linears}
-    nodes = []
+    groups: dict = {}  # (input, scales) -> [(linear name, MatMul output)]
     for node in body.node:
         name = weight_of.get(node.input[1]) if node.op_type == "MatMul" else None
-        if name is None:
-            nodes.append(node)
-            continue
-        p = f"q8.{name}"
-        s_all = inits.add(f"{p}.x_scale", plan.act_scale[name])
-        zp_all = inits.add(f"{p}.x_zero_point", plan.act_zero_point[name])
-        wq = inits.add(f"{p}.w_int8", plan.weight_q[name].T.copy())  # [K, N] for MatMulInteger
-        ws = inits.add(f"{p}.w_scale", plan.weight_scale[name])
-        x, y = node.input[0], node.output[0]
-        nodes += [
-            helper.make_node("Gather", [s_all, t_name], [f"{p}.s_t"], name=f"{p}.gather_s"),
-            helper.make_node("Gather", [zp_all, t_name], [f"{p}.zp_t"], name=f"{p}.gather_zp"),
-            helper.make_node("QuantizeLinear", [x, f"{p}.s_t", f"{p}.zp_t"], [f"{p}.x_q"], name=f"{p}.quantize"),
-            helper.make_node("MatMulInteger", [f"{p}.x_q", wq, f"{p}.zp_t"], [f"{p}.y_i32"], name=f"{p}.matmul"),
-            helper.make_node("Mul", [f"{p}.s_t", ws], [f"{p}.y_scale"], name=f"{p}.scale"),
-            helper.make_node("DequantizeLinear", [f"{p}.y_i32", f"{p}.y_scale"], [y], name=f"{p}.dequantize", axis=-1),
-        ]
-    if len(nodes) != len(body.node) + 5 * len(plan.int8_linears):
+        if name is not None:
+            key = (node.input[0], plan.act_scale[name].tobytes(), plan.act_zero_point[name].tobytes())
+            groups.setdefault(key, []).append((name, node.output[0]))
+    if sum(len(g) for g in groups.values()) != len(plan.int8_linears):
         raise RuntimeError("static int8: did not find every block linear in the Loop body")
+    first_of = {members[0][1]: (x, members) for (x, _, _), members in groups.items()}
+    replaced = {out for members in groups.values() for _, out in members}
+    nodes = []
+    for node in body.node:
+        if node.op_type == "MatMul" and node.output[0] in first_of:
+            x, members = first_of[node.output[0]]
+            nodes += _int8_linear_group(body.input[0].name, x, members, plan, inits)
+        elif not (node.op_type == "MatMul" and node.output[0] in replaced):
+            nodes.append(node)
     del body.node[:]
     body.node.extend(nodes)
 
 
+def _int8_linear_group(t_name: str, x: str, members: list, plan, inits: NewInitializers) -> list:
+    """Nodes computing the linears `members` [(name, output)] of input x in int8 (see the comment above)."""
+    from onnx import TensorProto, helper
+
+    names = [name for name, _ in members]
+    p = "q8." + "+".join(names)
+    first = names[0]
+    s_all = inits.add(f"{p}.x_scale", plan.act_scale[first])  # float32 [T]
+    zp_all = inits.add(f"{p}.x_zero_point", _as_uint8(plan.act_zero_point[first]))  # uint8 [T]
+    wq = inits.add(f"{p}.w_uint8", _as_uint8(np.concatenate([plan.weight_q[n] for n in names]).T))  # [K, sum N]
+    wzp = inits.add(f"{p}.w_zero_point", np.array(U8_SHIFT, dtype=np.uint8))
+    ws = inits.add(f"{p}.w_scale", np.concatenate([plan.weight_scale[n] for n in names]))  # [sum N]
+    y = members[0][1] if len(members) == 1 else f"{p}.y"
+    nodes = [
+        helper.make_node("Gather", [s_all, t_name], [f"{p}.s_t"], name=f"{p}.gather_s"),
+        helper.make_node("Gather", [zp_all, t_name], [f"{p}.zp_t"], name=f"{p}.gather_zp"),
+        helper.make_node("QuantizeLinear", [x, f"{p}.s_t", f"{p}.zp_t"], [f"{p}.x_q"], name=f"{p}.quantize"),
+        helper.make_node("MatMulInteger", [f"{p}.x_q", wq, f"{p}.zp_t", wzp], [f"{p}.y_i32"], name=f"{p}.matmul"),
+        helper.make_node("Mul", [f"{p}.s_t", ws], [f"{p}.y_scale"], name=f"{p}.scale"),
+        helper.make_node("Cast", [f"{p}.y_i32"], [f"{p}.y_f"], to=TensorProto.FLOAT, name=f"{p}.to_float"),
+        helper.make_node("Mul", [f"{p}.y_f", f"{p}.y_scale"], [y], name=f"{p}.dequantize"),
+    ]
+    if len(members) > 1:
+        sizes = inits.add(f"{p}.sizes", np.array([plan.weight_q[n].shape[0] for n in names], dtype=np.int64))
+        nodes.append(helper.make_node("Split", [y, sizes], [out for _, out in members], axis=-1, name=f"{p}.split"))
+    return nodes
+
+
 def _quantize_tied_table(main: onnx.GraphProto, plan, inits: NewInitializers) -> None:
-    """The embedding gather and the tied head read one int8 table with per-row and per-column scales."""
+    """The embedding gather and the tied head read one uint8 table [D, V] with per-row and per-column scales."""
     from onnx import TensorProto, helper
 
     emb = "model.embed.weight"
-    eq = inits.add("q8.embed.w_int8", plan.embed_q)
+    eq = inits.add("q8.embed.w_uint8_t", _as_uint8(plan.embed_q.T))  # [D, V]
     es = inits.add("q8.embed.w_scale", plan.embed_scale)
     ec = inits.add("q8.embed.col_scale", plan.embed_col_scale)  # [D]: table = int8 x row scale x column scale
     minus_one = inits.add("q8.axes_last", np.array([-1], dtype=np.int64))
+    shift = inits.add("q8.embed.shift", np.array(float(U8_SHIFT), dtype=np.float32))
     nodes = []
     head_found = False
     for node in main.node:
         if node.op_type == "Gather" and node.input[0] == emb:
             tokens, out = node.input[1], node.output[0]
+            p = "q8.embed"
             nodes += [
-                helper.make_node("Gather", [eq, tokens], ["q8.embed.rows_i8"], name="q8.embed.gather"),
-                helper.make_node("Cast", ["q8.embed.rows_i8"], ["q8.embed.rows_f"], to=TensorProto.FLOAT, name="q8.embed.cast"),
-                helper.make_node("Gather", [es, tokens], ["q8.embed.row_scale"], name="q8.embed.gather_scale"),
-                helper.make_node("Unsqueeze", ["q8.embed.row_scale", minus_one], ["q8.embed.row_scale_u"], name="q8.embed.unsq"),
-                helper.make_node("Mul", ["q8.embed.rows_f", "q8.embed.row_scale_u"], ["q8.embed.rows_r"], name="q8.embed.dequantize"),
-                helper.make_node("Mul", ["q8.embed.rows_r", ec], [out], name="q8.embed.col_scale"),
+                helper.make_node("Gather", [eq, tokens], [f"{p}.cols_u8"], axis=1, name=f"{p}.gather"),  # [D, B, S]
+                helper.make_node("Transpose", [f"{p}.cols_u8"], [f"{p}.rows_u8"], perm=[1, 2, 0], name=f"{p}.transpose"),
+                helper.make_node("Cast", [f"{p}.rows_u8"], [f"{p}.rows_f"], to=TensorProto.FLOAT, name=f"{p}.cast"),
+                helper.make_node("Sub", [f"{p}.rows_f", shift], [f"{p}.rows_i"], name=f"{p}.unshift"),  # int8 values
+                helper.make_node("Gather", [es, tokens], [f"{p}.row_scale"], name=f"{p}.gather_scale"),
+                helper.make_node("Unsqueeze", [f"{p}.row_scale", minus_one], [f"{p}.row_scale_u"], name=f"{p}.unsq"),
+                helper.make_node("Mul", [f"{p}.rows_i", f"{p}.row_scale_u"], [f"{p}.rows_r"], name=f"{p}.dequantize"),
+                helper.make_node("Mul", [f"{p}.rows_r", ec], [out], name=f"{p}.col_scale"),
             ]
         elif node.op_type == "Gemm" and node.input[1] == emb:
             head_found = True

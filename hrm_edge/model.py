@@ -110,6 +110,19 @@ def sdpa(q, k, v, mask):
     return torch.bmm(torch.softmax(scores, dim=-1), v3).view(B, H, S, hd)
 
 
+def sdpa_two_parts(q, keys, values, mask):
+    """sdpa over keys (past [B, H, P, hd], new [B, H, S, hd]) and values alike, without concatenating them:
+    the scores [B*H, S, P + S] are concatenated and split instead (S rows, not P)."""
+    B, H, S, hd = q.shape
+    P = keys[0].shape[2]
+    q3 = q.reshape(B * H, S, hd)
+    k3 = [k.reshape(B * H, -1, hd) for k in keys]
+    v3 = [v.reshape(B * H, -1, hd) for v in values]
+    scores = torch.cat([torch.bmm(q3, k.transpose(1, 2)) for k in k3], dim=-1) * (1.0 / math.sqrt(hd)) + mask
+    p_past, p_new = torch.split(torch.softmax(scores, dim=-1), [P, S], dim=-1)  # [B*H, S, P], [B*H, S, S]
+    return (torch.bmm(p_past, v3[0]) + torch.bmm(p_new, v3[1])).view(B, H, S, hd)
+
+
 # ---- caches: one interface, update(t, positions, k, v) -> (keys, values) of block application t ----
 # Every cache also says where this call's tokens sit (positions) and which keys each may see (mask);
 # attend() = update + attention. The forward pass is the same for all of them.
@@ -179,16 +192,29 @@ class StackedKVCache(NoCache):
     def mask(self, positions):
         return attention_mask(positions, self.past_k.shape[3] + positions.shape[0])  # [S, P + S]
 
-    def update(self, t, positions, k, v):
+    def record(self, t, k, v):
+        """Collect block application t's new keys/values k, v [B, S, H, hd]; returns (t1 [1], k, v [B, H, S, hd])."""
         # by index_select / index_copy: t is the ONNX Loop counter (t[i] fails export with a
         # data-dependent-integer error)
         t1 = t.reshape(1) if torch.is_tensor(t) else torch.tensor([t], device=k.device)
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
         self.new_k = self.new_k.index_copy(0, t1, k.unsqueeze(0))
         self.new_v = self.new_v.index_copy(0, t1, v.unsqueeze(0))
+        return t1, k, v
+
+    def update(self, t, positions, k, v):
+        t1, k, v = self.record(t, k, v)
         keys = torch.cat([self.past_k.index_select(0, t1).squeeze(0), k], dim=2)  # [B, H, P + S, hd]
         values = torch.cat([self.past_v.index_select(0, t1).squeeze(0), v], dim=2)
         return keys, values
+
+    def attend(self, t, positions, q, k, v, mask):
+        """As update + sdpa, without concatenating the past and the new keys: those two [B, H, P, hd] copies per
+        block application were 13% of the ONNX int8 decode step at P = 255 (1.94 -> 1.69 ms, measured)."""
+        t1, k, v = self.record(t, k, v)
+        past_k = self.past_k.index_select(0, t1).squeeze(0)  # [B, H, P, hd]
+        past_v = self.past_v.index_select(0, t1).squeeze(0)
+        return sdpa_two_parts(q.transpose(1, 2), (past_k, k), (past_v, v), mask).transpose(1, 2)
 
     def carried(self) -> tuple:
         return self.new_k, self.new_v
@@ -275,10 +301,15 @@ class Gate(nn.Module):
         self.bias = nn.Parameter(torch.full((cfg.d_model,), float(bias_init)))
         self.dropout = cfg.gate_dropout
 
+    def amount(self, z, update):
+        """g [B, S, D]: how much of `update` replaces z."""
+        zu = torch.cat([z, update], dim=-1)  # [B, S, 2D]
+        if self.training and self.dropout > 0:  # (F.dropout in eval mode still exports as a copy per call)
+            zu = F.dropout(zu, self.dropout)
+        return torch.sigmoid(self.up(F.silu(self.down(zu))) + self.bias)
+
     def forward(self, z, update):
-        zu = F.dropout(torch.cat([z, update], dim=-1), self.dropout, self.training)  # [B, S, 2D]
-        g = torch.sigmoid(self.up(F.silu(self.down(zu))) + self.bias)
-        return z + g * (update - z)
+        return z + self.amount(z, update) * (update - z)
 
 
 class HRMLM(nn.Module):
@@ -352,9 +383,14 @@ class HRMLM(nn.Module):
         step = self.step_emb.index_select(0, t1)  # [1, D]
         s = self.slow_step_mask.index_select(0, t1)  # [1]: 1.0 on slow steps, exact as a 0/1 blend
         out = self.block(z_fast + z_slow + (1.0 - s) * inp.x + step, inp, t)
-        z_fast_next = z_fast + (1.0 - s) * (self.update_fast(z_fast, out) - z_fast)
-        z_slow_next = z_slow + s * (self.update_slow(z_slow, out) - z_slow)
-        return z_fast_next, z_slow_next
+        return self.masked_update("gate_fast", z_fast, out, 1.0 - s), self.masked_update("gate_slow", z_slow, out, s)
+
+    def masked_update(self, gate: str, z, update, on):
+        """The gated update of z where on = 1, z itself where on = 0 (exactly: z + 0 * ...), on [1].
+        Computes what update_fast / update_slow compute, in one fewer op each than blending their results."""
+        if not self.cfg.gating:
+            return z + on * (update - z)
+        return z + (on * getattr(self, gate).amount(z, update)) * (update - z)
 
     def forward(self, tokens, form: str = "loop", n_cycles: int | None = None, aux: bool = False,
                 cache: NoCache | None = None, input_pos=None):

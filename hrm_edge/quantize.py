@@ -4,9 +4,9 @@ Static int8 (the ONNX Loop artifact):
   - weights of the shared block's linears: int8, symmetric, one scale per output channel;
   - their inputs: int8, asymmetric, one scale and zero point per tensor, either per iteration step
     ([T] vectors indexed by the loop counter inside the Loop body) or one shared across all steps.
-    int8, not uint8: onnxruntime's uint8 x int8 MatMulInteger saturates its int16 pair sums on x86 CPUs
-    without VNNI (measured on an AVX2 EPYC: int32 results off by up to 5e4, top-1 0.63 on the default
-    model), while int8 x int8 (and uint8 x uint8) are exact there and on ARM64;
+    int8 values (the artifact stores them + 128 as uint8 with zero points + 128: the same integer sums, and
+    uint8 x uint8 is the MatMulInteger form onnxruntime runs exactly and fast on x86 without VNNI, where
+    uint8 x int8 saturates its int16 pair sums and int8 x int8 has no fast kernel; export_onnx);
   - the tied embedding table: int8 with one scale per row and per column (table_qparams), stored once and
     read by both the embedding gather and the head; the head's input is quantized per position at run time
     (symmetric int8, dynamic) and multiplied with the int8 table in integers (StaticInt8Head);
