@@ -147,7 +147,7 @@ def export_onnx_decode(model: HRMLM, path: Path, n_cycles: int | None = None) ->
 # QDQ patterns (measured: slower than fp32, or a session error). So the body gets explicit integer ops:
 #   x_q = QuantizeLinear(x, s[t], zp[t])          s, zp: [T] vectors gathered by the loop counter t
 #   y_i = MatMulInteger(x_q, W_q, zp[t], 128)     weights an outer-graph initializer stored once
-#   y   = DequantizeLinear(y_i, s[t] * w_scale, axis=-1)
+#   y   = Cast(y_i, float) * (s[t] * w_scale)      (onnxruntime fuses these three into MatMulIntegerToFloat)
 # which is what QDQ means, computed in int32. The plan's int8 values are stored shifted by 128 as uint8 (zero
 # points shifted too): the integer sums are identical, and uint8 x uint8 is the one form onnxruntime runs both
 # exactly and fast on x86 without VNNI (a 1x256 @ 256x704 MatMulInteger on this AVX2 CPU: u8u8 14 us, s8s8

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import onnx
 
-# ops whose result depends only on their inputs (everything the exporter emits; no Random*, no subgraphs)
+# ops whose result does not depend only on their inputs: never hoisted (the exporter emits none of them)
 _IMPURE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
