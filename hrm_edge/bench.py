@@ -33,7 +33,7 @@ import numpy as np
 
 from hrm_edge.checkpoint import load_model
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_write_text
+from hrm_edge.io import atomic_write_text, sha256_file
 from hrm_edge.manifest import read_manifest, verify_files
 from hrm_edge.parity import host_target
 
@@ -161,6 +161,9 @@ def _child(out_dir: Path, args: list[str], threads: int) -> dict:
     return json.loads(lines[-1])
 
 
+BASELINE_SOURCES = ("model.py", "export_onnx.py", "export_executorch.py", "onnx_passes.py", "quantize.py")
+
+
 def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
     """The unshared equal-compute baseline: arch transformer with n_layers = T, same width and vocabulary,
     random weights, exported as the same KV-cache programs (fp32 ONNX and .pte, dynamic int8 .pte)."""
@@ -178,8 +181,10 @@ def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
     cfg = ModelConfig(**manifest["model"])
     cfg = dataclasses.replace(cfg, arch="transformer", n_layers=cfg.n_steps)
     marker = base / "baseline.json"
-    if marker.is_file() and json.loads(marker.read_text()).get("model") == dataclasses.asdict(cfg):
-        return base  # exported earlier for this model shape
+    # the exporting code's own bytes too: a baseline exported by an older model.py is not this one's
+    code = {name: sha256_file(Path(__file__).with_name(name)) for name in BASELINE_SOURCES}
+    if marker.is_file() and json.loads(marker.read_text()) == {"model": dataclasses.asdict(cfg), "code": code}:
+        return base  # exported earlier for this model shape, by this code
     log(f"  exporting the unshared baseline ({cfg.n_layers} independent blocks) into {base} ...")
     torch.manual_seed(0)
     model = HRMLM(cfg).eval()
@@ -189,7 +194,7 @@ def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
     export_onnx_decode(model, base / "transformer.fp32.kv.onnx")
     export_pte_decode(model, base / "transformer.fp32.kv.pte", bos, eos)
     export_pte_decode(quantized_for_pte(model, "int8"), base / "transformer.int8-dynamic.kv.pte", bos, eos)
-    atomic_write_text(marker, json.dumps({"model": dataclasses.asdict(cfg)}) + "\n")
+    atomic_write_text(marker, json.dumps({"model": dataclasses.asdict(cfg), "code": code}) + "\n")
     return base
 
 

@@ -19,9 +19,10 @@ forward() picks the positions and the attention mask from the cache, then runs o
     run_loop        a Python for loop: training and the eager reference; torch.export unrolls it (ExecuTorch)
     run_while_loop  torch._higher_order_ops.while_loop: torch.onnx.export turns it into ONE ONNX `Loop`
                     whose body holds the block once and reads the weights from the outer graph.
-With run_loop the step index is a Python int and the fast/slow choice is static. Under while_loop it is a
-tensor, so the step embedding is read with index_select (t[i] fails export with a data-dependent-integer
-error) and the fast/slow choice is a 0/1 blend, which is exact for s in {0, 1}.
+With run_loop the step index is a Python int and the fast/slow choice is static (hrm_step). Under while_loop
+it is a tensor, so the step embedding is read with index_select (t[i] fails export with a data-dependent-
+integer error), the two levels travel as one state [2, B, S, D] and both gates run as one batched gate whose
+level mask (1, 0) or (0, 1) updates only the step's level, exactly (stacked_step).
 
 Caches share one interface, update(t, positions, k, v) -> the keys/values block application t attends over:
     NoCache         full sequence (training, the parity reference)
@@ -111,10 +112,10 @@ def sdpa(q, k, v, mask):
 
 
 def sdpa_two_parts(q, keys, values, mask):
-    """sdpa over keys (past [B, H, P, hd], new [B, H, S, hd]) and values alike, without concatenating them:
+    """sdpa over keys (past [..., B, H, P, hd], new [B, H, S, hd]) and values alike, without concatenating them:
     the scores [B*H, S, P + S] are concatenated and split instead (S rows, not P)."""
     B, H, S, hd = q.shape
-    P = keys[0].shape[2]
+    P = keys[0].shape[-2]
     q3 = q.reshape(B * H, S, hd)
     k3 = [k.reshape(B * H, -1, hd) for k in keys]
     v3 = [v.reshape(B * H, -1, hd) for v in values]
@@ -193,23 +194,25 @@ class StackedKVCache(NoCache):
         return attention_mask(positions, self.past_k.shape[3] + positions.shape[0])  # [S, P + S]
 
     def record(self, t, k, v):
-        """Collect block application t's new keys/values k, v [B, S, H, hd]; returns (t1 [1], k, v [B, H, S, hd])."""
+        """Collect block application t's new keys/values k, v [B, S, H, hd]; returns (t1 [1], k, v [B, H, S, hd]).
+        t: a Python int, or the ONNX Loop counter as an int64 tensor [1] (or 0-d)."""
         # by index_select / index_copy: t is the ONNX Loop counter (t[i] fails export with a
         # data-dependent-integer error)
-        t1 = t.reshape(1) if torch.is_tensor(t) else torch.tensor([t], device=k.device)
+        t1 = torch.tensor([t], device=k.device) if not torch.is_tensor(t) else t if t.dim() == 1 else t.reshape(1)
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
         self.new_k = self.new_k.index_copy(0, t1, k.unsqueeze(0))
         self.new_v = self.new_v.index_copy(0, t1, v.unsqueeze(0))
         return t1, k, v
 
     def past(self, t1):
-        """Block application t1's past keys and values, [B, H, P, hd] each."""
-        return self.past_k.index_select(0, t1).squeeze(0), self.past_v.index_select(0, t1).squeeze(0)
+        """Block application t1's past keys and values, [1, B, H, P, hd] each (sdpa_two_parts reshapes them to
+        [B*H, P, hd] in one step: a squeeze first would be one more node per Loop iteration)."""
+        return self.past_k.index_select(0, t1), self.past_v.index_select(0, t1)
 
     def update(self, t, positions, k, v):
         t1, k, v = self.record(t, k, v)
         past_k, past_v = self.past(t1)
-        return torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)  # [B, H, P + S, hd]
+        return torch.cat([past_k[0], k], dim=2), torch.cat([past_v[0], v], dim=2)  # [B, H, P + S, hd]
 
     def attend(self, t, positions, q, k, v, mask):
         """As update + sdpa, without concatenating the past and the new keys: those two [B, H, P, hd] copies per
@@ -254,10 +257,10 @@ class Attention(nn.Module):
 
     def forward(self, x, inp: StepInputs, t):
         B, S, D = x.shape
-        q = self.wq(x).view(B, S, self.n_heads, self.head_dim)  # [B, S, H, hd]
-        k = self.wk(x).view(B, S, self.n_heads, self.head_dim)
+        # RoPE once on queries and keys side by side: half the rotation ops per block application
+        qk = torch.cat([self.wq(x), self.wk(x)], dim=-1).view(B, S, 2 * self.n_heads, self.head_dim)  # [B, S, 2H, hd]
+        q, k = apply_rope(qk, inp.cos, inp.sin, self.rot).split(self.n_heads, dim=2)  # [B, S, H, hd] each
         v = self.wv(x).view(B, S, self.n_heads, self.head_dim)
-        q, k = apply_rope(q, inp.cos, inp.sin, self.rot), apply_rope(k, inp.cos, inp.sin, self.rot)
         y = inp.cache.attend(t, inp.positions, q, k, v, inp.mask)  # [B, S, H, hd]
         return self.wo(y.reshape(B, S, D))
 
@@ -328,9 +331,10 @@ class HRMLM(nn.Module):
             if cfg.gating:
                 self.gate_fast = Gate(cfg, cfg.fast_gate_bias)
                 self.gate_slow = Gate(cfg, cfg.slow_gate_bias)
-            # 1.0 where step t is a slow step (the last of each group of L + 1), [T]
+            # [T, 2]: (1, 0) where step t updates the fast level, (0, 1) where the slow one (the last step of
+            # each group of L + 1)
             is_slow = [float(self.is_slow_step(t)) for t in range(cfg.n_steps)]
-            self.register_buffer("slow_step_mask", torch.tensor(is_slow), persistent=False)
+            self.register_buffer("level_mask", torch.tensor([[1.0 - s, s] for s in is_slow]), persistent=False)
         else:
             self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(D, cfg.norm_eps)
@@ -374,25 +378,34 @@ class HRMLM(nn.Module):
         z = self.norm(z)
         return F.linear(z, self.embed.weight) if self.head is None else self.head(z)  # [B, S, V]
 
-    def hrm_step(self, t, z_fast, z_slow, inp: StepInputs):
-        """One block application. t: Python int (static fast/slow choice) or 0-d int64 tensor (blend)."""
-        if isinstance(t, int):
-            step = self.step_emb[t : t + 1]  # [1, D] (a slice, which XNNPACK takes; a select it does not)
-            if self.is_slow_step(t):  # a Python test: no graph guard
-                return z_fast, self.update_slow(z_slow, self.block(z_slow + z_fast + step, inp, t))
-            return self.update_fast(z_fast, self.block(z_fast + z_slow + inp.x + step, inp, t)), z_slow
+    def hrm_step(self, t: int, z_fast, z_slow, inp: StepInputs):
+        """Block application t (a Python int: the fast/slow choice is static, no graph guard)."""
+        step = self.step_emb[t : t + 1]  # [1, D] (a slice, which XNNPACK takes; a select it does not)
+        if self.is_slow_step(t):
+            return z_fast, self.update_slow(z_slow, self.block(z_slow + z_fast + step, inp, t))
+        return self.update_fast(z_fast, self.block(z_fast + z_slow + inp.x + step, inp, t)), z_slow
+
+    def stacked_step(self, t, z, inp: StepInputs):
+        """Block application t (0-d int64 tensor: the ONNX Loop counter) on the stacked state z [2, B, S, D]
+        (fast, slow). Computes what hrm_step computes, with both levels' gates as one batched gate whose
+        level-t mask on [2] = (1 - s, 1 - (1 - s)) leaves the level that is not updated exactly as it was
+        (z + 0 * ...): one set of gate ops per iteration instead of two, and no per-level branch."""
         t1 = t.reshape(1)
         step = self.step_emb.index_select(0, t1)  # [1, D]
-        s = self.slow_step_mask.index_select(0, t1)  # [1]: 1.0 on slow steps, exact as a 0/1 blend
-        out = self.block(z_fast + z_slow + (1.0 - s) * inp.x + step, inp, t)
-        return self.masked_update("gate_fast", z_fast, out, 1.0 - s), self.masked_update("gate_slow", z_slow, out, s)
-
-    def masked_update(self, gate: str, z, update, on):
-        """The gated update of z where on = 1, z itself where on = 0 (exactly: z + 0 * ...), on [1].
-        Computes what update_fast / update_slow compute, in one fewer op each than blending their results."""
+        on = self.level_mask.index_select(0, t1).reshape(2, 1, 1, 1)  # [2, 1, 1, 1]: which level step t updates
+        out = self.block(z.sum(0) + on[0] * inp.x + step, inp, t1)  # [B, S, D]
         if not self.cfg.gating:
-            return z + on * (update - z)
-        return z + (on * getattr(self, gate).amount(z, update)) * (update - z)
+            return z + on * (out - z)
+        return z + (on * self.stacked_gate_amount(z, out)) * (out - z)
+
+    def stacked_gate_amount(self, z, update):
+        """g [2, B, S, D] of the fast and slow gates at once: Gate.amount batched over the two levels."""
+        zu = torch.cat([z, update.expand_as(z)], dim=-1)  # [2, B, S, 2D]
+        gates = (self.gate_fast, self.gate_slow)
+        down = torch.stack([g.down.weight.t() for g in gates])[:, None]  # [2, 1, 2D, r]
+        up = torch.stack([g.up.weight.t() for g in gates])[:, None]  # [2, 1, r, D]
+        bias = torch.stack([g.bias for g in gates])[:, None, None]  # [2, 1, 1, D]
+        return torch.sigmoid(torch.matmul(F.silu(torch.matmul(zu, down)), up) + bias)
 
     def forward(self, tokens, form: str = "loop", n_cycles: int | None = None, aux: bool = False,
                 cache: NoCache | None = None, input_pos=None):
@@ -445,24 +458,25 @@ class HRMLM(nn.Module):
 
     def run_while_loop(self, inp: StepInputs, H: int):
         """H outer cycles as torch's while_loop: torch.onnx.export makes it ONE ONNX Loop whose body holds the
-        block once. A functional cache's collected keys/values ride along as loop-carried values."""
+        block once. The two levels travel as one stacked state [2, B, S, D] (stacked_step); a functional
+        cache's collected keys/values ride along as loop-carried values."""
         from torch._higher_order_ops import while_loop
 
         n_steps = H * (self.cfg.L_cycles + 1)
         carried = inp.cache.carried() if isinstance(inp.cache, StackedKVCache) else ()
 
-        def body(t, z_fast, z_slow, *carried):
+        def body(t, z, *carried):
             cache = inp.cache.with_carried(carried) if carried else inp.cache
-            z_fast, z_slow = self.hrm_step(t, z_fast, z_slow, replace(inp, cache=cache))
-            return (t + 1, z_fast, z_slow, *(cache.carried() if carried else ()))
+            z = self.stacked_step(t, z, replace(inp, cache=cache))
+            return (t + 1, z, *(cache.carried() if carried else ()))
 
         t0 = torch.zeros((), dtype=torch.int64, device=inp.x.device)
         # carries must not alias the tensors they start from (parameters, graph inputs): clone them
-        start = (t0, *(z.clone() for z in self.initial_states(inp)), *(c.clone() for c in carried))
+        start = (t0, torch.stack(self.initial_states(inp)), *(c.clone() for c in carried))
         out = while_loop(lambda t, *_: t < n_steps, body, start)
         if carried:
-            inp.cache.new_k, inp.cache.new_v = out[3], out[4]
-        return self.final_state(out[1], out[2])
+            inp.cache.new_k, inp.cache.new_v = out[2], out[3]
+        return self.final_state(out[1][0], out[1][1])
 
     def loss(self, tokens, targets, n_cycles: int | None = None):
         """Mean next-token cross entropy of the final readout, plus aux_loss_weight x the earlier ones.

@@ -6,6 +6,7 @@ every iteration is moved out of the body and computed once per call (hoist_loop_
 """
 from __future__ import annotations
 
+import numpy as np
 import onnx
 
 # ops whose result does not depend only on their inputs: never hoisted (the exporter emits none of them)
@@ -87,3 +88,62 @@ def hoist_loop_invariants(graph: onnx.GraphProto) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return len(hoisted)
+
+
+
+def merge_split_concat(body: onnx.GraphProto, outer: onnx.GraphProto) -> int:
+    """Concat(consecutive outputs of one Split) -> one output of that Split, along the same (last) axis, where
+    nothing else reads those outputs: the static int8 rewrite computes wq and wk (and wv) as one integer matmul
+    and splits the result, and the model concatenates queries and keys again for one RoPE over both. The Split's
+    sizes (an initializer of `body` or `outer`) are rewritten into a new `outer` initializer; a Split left with
+    one output is dropped. Returns how many Concats were removed."""
+    readers: dict = {}
+    for node in body.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    inits = {i.name: i for i in list(outer.initializer) + list(body.initializer)}
+    splits = {o: n for n in body.node if n.op_type == "Split" and len(n.input) == 2 and n.input[1] in inits
+              for o in n.output}  # Split output -> its Split
+    renamed, dropped, merged = {}, set(), 0  # dropped: positions in body.node
+    nodes = list(body.node)
+    position = {n.output[0]: k for k, n in enumerate(nodes)}  # (protobuf wrappers' ids are not stable)
+    for k, concat in enumerate(nodes):
+        split = splits.get(concat.input[0]) if concat.op_type == "Concat" else None
+        if split is None or not _mergeable(split, concat, readers, {o.name for o in body.output}):
+            continue
+        split_at = position[split.output[0]]
+        outs = list(split.output)
+        first, n = outs.index(concat.input[0]), len(concat.input)
+        sizes = [int(v) for v in onnx.numpy_helper.to_array(inits[split.input[1]])]
+        sizes[first : first + n] = [sum(sizes[first : first + n])]
+        outs[first : first + n] = [concat.output[0]]
+        dropped.add(k)
+        merged += 1
+        if len(outs) == 1:  # the Split is gone: its input is the Concat's result
+            renamed[concat.output[0]] = split.input[0]
+            dropped.add(split_at)
+            continue
+        name = f"{split.input[1]}.merged{merged}"
+        outer.initializer.append(onnx.numpy_helper.from_array(np.array(sizes, dtype=np.int64), name))
+        split.input[1] = name
+        split.output[:] = outs
+    kept = [n for k, n in enumerate(nodes) if k not in dropped]
+    for node in kept:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+    del body.node[:]
+    body.node.extend(kept)
+    return merged
+
+
+def _mergeable(split: onnx.NodeProto, concat: onnx.NodeProto, readers: dict, graph_outputs: set) -> bool:
+    outs = list(split.output)
+    first = outs.index(concat.input[0])
+    return (list(concat.input) == outs[first : first + len(concat.input)]
+            and _axis(split) == _axis(concat) == -1
+            and all(readers[o] == 1 for o in concat.input) and concat.output[0] not in graph_outputs)
+
+
+def _axis(node: onnx.NodeProto) -> int:
+    """The axis attribute of a Split (default 0) or Concat. Only the last axis, -1, is ever merged: this pass
+    does not know ranks, so it cannot equate a positive axis with a negative one."""
+    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)

@@ -215,7 +215,13 @@ def test_static_int8_onnx_keeps_the_loop_with_integer_ops_inside(tiny_export):
         ops = [n.op_type for n in body.node]
         # wq, wk, wv read one input with one scale: one quantization, one MatMulInteger, split after; so do
         # w_up and w_gate; wo and w_down alone: 4 integer matmuls for 7 linears, no fp32 MatMul of a block weight
-        assert ops.count("QuantizeLinear") == 4 and ops.count("MatMulInteger") == 4 and ops.count("Split") == 2
+        assert ops.count("QuantizeLinear") == 4 and ops.count("MatMulInteger") == 4
+        # queries and keys stay side by side for one RoPE (onnx_passes.merge_split_concat): the wq+wk+wv split
+        # has two pieces, [q k] and v, and no Concat re-joins pieces of a split
+        splits = [n for n in body.node if n.op_type == "Split" and n.name.startswith("q8.")]
+        assert sorted(len(n.output) for n in splits) == [2, 2], [list(n.output) for n in splits]
+        pieces = {o for n in body.node if n.op_type == "Split" for o in n.output}
+        assert not [n for n in body.node if n.op_type == "Concat" and set(n.input) <= pieces]
         inits = {i.name: i for i in model.graph.initializer}
         weights = [i for i in inits.values() if i.data_type == onnx.TensorProto.UINT8 and len(i.dims) == 2]
         cfg = json.loads((tiny_export / "config.json").read_text())

@@ -1,10 +1,10 @@
-"""hoist_loop_invariants on a hand-built Loop: what may leave the body does, the result does not change."""
+"""The ONNX graph passes on hand-built graphs: what they remove or move, and that results do not change."""
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from hrm_edge.onnx_passes import hoist_loop_invariants
+from hrm_edge.onnx_passes import hoist_loop_invariants, merge_split_concat
 
 
 def _loop_model() -> onnx.ModelProto:
@@ -59,3 +59,55 @@ def test_invariant_nodes_leave_the_body_and_results_stay():
     for i in range(3):
         expected = expected * 1.0 + i
     np.testing.assert_allclose(before, expected)
+
+
+def _split_concat_model(sizes: list, concat_first: int, concat_n: int) -> onnx.ModelProto:
+    """x [2, sum(sizes)] -> Split(sizes) -> outputs; Concat of outputs concat_first .. + concat_n - 1 (axis -1)
+    replaces them among the graph outputs, each piece then multiplied by 2 (so every output has a reader)."""
+    names = [f"s{i}" for i in range(len(sizes))]
+    cat = names[concat_first : concat_first + concat_n]
+    outs = names[:concat_first] + ["cat"] + names[concat_first + concat_n :]
+    nodes = [helper.make_node("Split", ["x", "sizes"], names, axis=-1),
+             helper.make_node("Concat", cat, ["cat"], axis=-1)]
+    nodes += [helper.make_node("Mul", [o, "two"], [f"y{k}"]) for k, o in enumerate(outs)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, sum(sizes)])],
+        [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, [2, None]) for k in range(len(outs))],
+        [numpy_helper.from_array(np.array(sizes, np.int64), "sizes"), numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _run_all(model: onnx.ModelProto, x: np.ndarray) -> list:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+def test_concat_of_split_pieces_becomes_one_piece():
+    x = np.arange(18, dtype=np.float32).reshape(2, 9)
+    # queries and keys concatenated again after a [q, k, v] split: the split makes [qk, v], the Concat goes
+    model = _split_concat_model([2, 3, 4], 0, 2)
+    before = _run_all(model, x)
+    assert merge_split_concat(model.graph, model.graph) == 1
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node] == ["Split", "Mul", "Mul"]
+    split = model.graph.node[0]
+    sizes = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}[split.input[1]]
+    assert sizes.tolist() == [5, 4]
+    for a, b in zip(_run_all(model, x), before):
+        np.testing.assert_array_equal(a, b)
+    # every piece concatenated again: Split and Concat both go, readers read x
+    model = _split_concat_model([4, 5], 0, 2)
+    before = _run_all(model, x)
+    assert merge_split_concat(model.graph, model.graph) == 1
+    assert [n.op_type for n in model.graph.node] == ["Mul"] and model.graph.node[0].input[0] == "x"
+    np.testing.assert_array_equal(_run_all(model, x)[0], before[0])
+
+
+def test_split_pieces_out_of_order_or_shared_are_left_alone():
+    model = _split_concat_model([2, 3, 4], 1, 2)  # [k, v] of [q, k, v]: a later run also merges
+    assert merge_split_concat(model.graph, model.graph) == 1
+    model = _split_concat_model([2, 3, 4], 0, 2)
+    model.graph.node[1].input[:] = ["s1", "s0"]  # reversed: not the split undone
+    assert merge_split_concat(model.graph, model.graph) == 0
+    model = _split_concat_model([2, 3, 4], 0, 2)
+    model.graph.node.append(helper.make_node("Neg", ["s0"], ["extra"]))  # a piece read elsewhere too
+    assert merge_split_concat(model.graph, model.graph) == 0
