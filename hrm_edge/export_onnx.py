@@ -19,7 +19,7 @@ import torch
 
 from hrm_edge.io import atomic_write_bytes, atomic_write_text
 from hrm_edge.model import HRMLM, FunctionalDecodeForm, RMSNorm, TracedForm, cache_steps
-from hrm_edge.onnx_passes import hoist_loop_invariants, merge_split_concat
+from hrm_edge.onnx_passes import hoist_loop_invariants, loop_and_body, merge_split_concat
 
 
 def strip_debug_metadata(graph: onnx.GraphProto) -> None:
@@ -217,13 +217,12 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
     """Rewrite the fp32 Loop graph at `fp32_path` into a static int8 graph at `path` (see comment above)."""
     proto = onnx.load(str(fp32_path))
     main = proto.graph
-    loop = next(n for n in main.node if n.op_type == "Loop")
-    body = next(a.g for a in loop.attribute if a.name == "body")
+    _, body = loop_and_body(main)
     inits = NewInitializers()
     _quantize_block_linears(body, _initializers(main), model, plan, inits)
     _quantize_tied_table(main, plan, inits)  # (rebuilds main's node list: `body` above is now a stale copy)
     main.initializer.extend(inits)
-    body = next(a.g for a in next(n for n in main.node if n.op_type == "Loop").attribute if a.name == "body")
+    _, body = loop_and_body(main)
     merge_split_concat(body, main)  # wq+wk(+wv) as one matmul: its Split and the model's Concat for RoPE cancel
     _drop_unused_initializers(main)
     del main.value_info[:]  # shapes/types of rewritten values changed; runtimes re-infer them

@@ -195,10 +195,10 @@ class StackedKVCache(NoCache):
 
     def record(self, t, k, v):
         """Collect block application t's new keys/values k, v [B, S, H, hd]; returns (t1 [1], k, v [B, H, S, hd]).
-        t: a Python int, or the ONNX Loop counter as an int64 tensor [1] (or 0-d)."""
+        t: a Python int, or the ONNX Loop counter as an int64 tensor [1] (stacked_step)."""
         # by index_select / index_copy: t is the ONNX Loop counter (t[i] fails export with a
         # data-dependent-integer error)
-        t1 = torch.tensor([t], device=k.device) if not torch.is_tensor(t) else t if t.dim() == 1 else t.reshape(1)
+        t1 = t if torch.is_tensor(t) else torch.tensor([t], device=k.device)
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
         self.new_k = self.new_k.index_copy(0, t1, k.unsqueeze(0))
         self.new_v = self.new_v.index_copy(0, t1, v.unsqueeze(0))
@@ -388,9 +388,10 @@ class HRMLM(nn.Module):
     def stacked_step(self, t, z, inp: StepInputs):
         """Block application t (0-d int64 tensor: the ONNX Loop counter) on the stacked state z [2, B, S, D]
         (fast, slow). Computes what hrm_step computes, with both levels' gates as one batched gate whose
-        level-t mask on [2] = (1 - s, 1 - (1 - s)) leaves the level that is not updated exactly as it was
-        (z + 0 * ...): one set of gate ops per iteration instead of two, and no per-level branch."""
-        t1 = t.reshape(1)
+        level mask on [2], (1, 0) on fast steps and (0, 1) on slow ones, leaves the level that is not updated
+        exactly as it was (z + 0 * ...): one set of gate ops per iteration instead of two, no per-level branch.
+        (No gate dropout: this form is exported, never trained.)"""
+        t1 = t.reshape(1)  # [1]: what index_select, and the cache's index_copy, take
         step = self.step_emb.index_select(0, t1)  # [1, D]
         on = self.level_mask.index_select(0, t1).reshape(2, 1, 1, 1)  # [2, 1, 1, 1]: which level step t updates
         out = self.block(z.sum(0) + on[0] * inp.x + step, inp, t1)  # [B, S, D]

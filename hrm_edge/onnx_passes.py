@@ -2,7 +2,8 @@
 
 A decode step runs the Loop body T times, and at batch 1 onnxruntime spends about as much per body node
 (~1 us of dispatch) as on the arithmetic of most of them, so every node that computes the same value in
-every iteration is moved out of the body and computed once per call (hoist_loop_invariants).
+every iteration is moved out of the body and computed once per call (hoist_loop_invariants), and a Split
+whose pieces are concatenated again is undone (merge_split_concat).
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import onnx
 _IMPURE = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
-def _loop_and_body(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.GraphProto]:
+def loop_and_body(graph: onnx.GraphProto) -> tuple[onnx.NodeProto, onnx.GraphProto]:
+    """The graph's Loop node and its body graph (fetch again after rebuilding graph.node: protobuf hands out
+    copies of removed nodes, so an older body reference no longer reaches the saved graph)."""
     loop = next(n for n in graph.node if n.op_type == "Loop")
     return loop, next(a.g for a in loop.attribute if a.name == "body")
 
@@ -46,7 +49,7 @@ def _invariant_nodes(body: onnx.GraphProto) -> list:
 def hoist_loop_invariants(graph: onnx.GraphProto) -> int:
     """Move the Loop body's loop-invariant nodes into the main graph, before the Loop; returns how many.
     Body initializers they read are copied to the main graph (renamed where a main-graph value has the name)."""
-    loop, body = _loop_and_body(graph)
+    loop, body = loop_and_body(graph)
     _shapes_from_outside(loop, body)
     hoisted = _invariant_nodes(body)
     if not hoisted:
@@ -90,7 +93,6 @@ def hoist_loop_invariants(graph: onnx.GraphProto) -> int:
     return len(hoisted)
 
 
-
 def merge_split_concat(body: onnx.GraphProto, outer: onnx.GraphProto) -> int:
     """Concat(consecutive outputs of one Split) -> one output of that Split, along the same (last) axis, where
     nothing else reads those outputs: the static int8 rewrite computes wq and wk (and wv) as one integer matmul
@@ -104,12 +106,13 @@ def merge_split_concat(body: onnx.GraphProto, outer: onnx.GraphProto) -> int:
     inits = {i.name: i for i in list(outer.initializer) + list(body.initializer)}
     splits = {o: n for n in body.node if n.op_type == "Split" and len(n.input) == 2 and n.input[1] in inits
               for o in n.output}  # Split output -> its Split
+    graph_outputs = {o.name for o in body.output}
     renamed, dropped, merged = {}, set(), 0  # dropped: positions in body.node
     nodes = list(body.node)
     position = {n.output[0]: k for k, n in enumerate(nodes)}  # (protobuf wrappers' ids are not stable)
     for k, concat in enumerate(nodes):
         split = splits.get(concat.input[0]) if concat.op_type == "Concat" else None
-        if split is None or not _mergeable(split, concat, readers, {o.name for o in body.output}):
+        if split is None or not _mergeable(split, concat, readers, graph_outputs):
             continue
         split_at = position[split.output[0]]
         outs = list(split.output)

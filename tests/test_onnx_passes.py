@@ -103,7 +103,7 @@ def test_concat_of_split_pieces_becomes_one_piece():
 
 
 def test_split_pieces_out_of_order_or_shared_are_left_alone():
-    model = _split_concat_model([2, 3, 4], 1, 2)  # [k, v] of [q, k, v]: a later run also merges
+    model = _split_concat_model([2, 3, 4], 1, 2)  # [k, v] of [q, k, v]: consecutive pieces, merged too
     assert merge_split_concat(model.graph, model.graph) == 1
     model = _split_concat_model([2, 3, 4], 0, 2)
     model.graph.node[1].input[:] = ["s1", "s0"]  # reversed: not the split undone
