@@ -208,6 +208,7 @@ class DecodeJob:
     format: str  # "eager" | "onnx" | "ort" | "pte"
     precision: str  # "fp32" | "int8" | "int4" (for peers: "8da4w" counts as int4)
     full_depth: bool = True  # False: a depth-dial program (fewer outer cycles), never compared with a peer
+    passed: bool = True  # our artifact's parity verdict on this host: only a passing one leads the peer table
 
     def measure(self, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
         if self.model == "peer":
@@ -222,7 +223,8 @@ def decode_jobs(out_dir: Path, manifest: dict, baseline: bool, peers: bool, log=
     """Eager fp32, every KV-cache artifact, then the unshared baseline's and the peers' programs."""
     arch = manifest["model"]["arch"]
     jobs = [DecodeJob(arch, out_dir, "eager", "eager", "fp32")] + [
-        DecodeJob(arch, out_dir, a.path, a.format, a.precision, a.cycles is None)
+        DecodeJob(arch, out_dir, a.path, a.format, a.precision, a.cycles is None,
+                  passed=(a.parity or {}).get(host_target(), {}).get("passed", False))
         for a in manifest["artifacts"] if a.program == "kv_cache"]
     if baseline:
         base = export_baseline(out_dir, manifest, log)
@@ -254,7 +256,7 @@ def run_decode_bench(out_dir: Path, threads: int, lengths: tuple, repeats: int, 
     for job, runs in zip(jobs, measured):
         row = sorted(runs, key=lambda m: m["decode_tokens_per_s"])[len(runs) // 2]
         rows.append(row | {"model": job.model, "format": job.format, "precision": job.precision,
-                           "full_depth": job.full_depth, "rounds": rounds,
+                           "full_depth": job.full_depth, "passed": job.passed, "rounds": rounds,
                            "decode_tokens_per_s_rounds": [m["decode_tokens_per_s"] for m in runs],
                            "bytes": (job.folder / job.name).stat().st_size if job.name != "eager" else None})
     add_decode_ratios(rows)
@@ -385,10 +387,11 @@ def render_decode_table(result: dict) -> str:
 
 
 def render_peer_ratios(result: dict) -> str:
-    """The lead table: our fastest program per runtime and precision class against the peer of that class."""
+    """The lead table: our fastest program per runtime and precision class against the peer of that class, among
+    the programs that passed their parity gate (what an export ships; a failing opt-in program is not a choice)."""
     best: dict = {}
     for r in result["decode"]["rows"]:
-        if "decode_vs_peer" in r:
+        if "decode_vs_peer" in r and r.get("passed", True):
             key = (r["peer"], r["precision"] == "fp32")
             if key not in best or r["decode_tokens_per_s"] > best[key]["decode_tokens_per_s"]:
                 best[key] = r

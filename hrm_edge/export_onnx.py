@@ -1,5 +1,6 @@
-"""ONNX export: the HRM iteration becomes ONE ONNX `Loop` node; the shared block's weights are main-graph
-initializers that the Loop body reads from the outer scope, so they are stored once.
+"""ONNX export: the HRM iteration becomes ONE ONNX `Loop` node; the shared block's weights are initializers
+of the Loop body (onnx_passes.weights_into_body), so they are stored once; the tied embedding table, which the
+embedding gather and the head read outside the Loop, is a main-graph initializer.
 
 torch.onnx.export(dynamo=True) turns torch._higher_order_ops.while_loop into `Loop` (a Python for loop
 would be unrolled). Batch and sequence axes are dynamic.
@@ -19,7 +20,7 @@ import torch
 
 from hrm_edge.io import atomic_write_bytes, atomic_write_text
 from hrm_edge.model import HRMLM, FunctionalDecodeForm, RMSNorm, TracedForm, cache_steps
-from hrm_edge.onnx_passes import hoist_loop_invariants, loop_and_body, merge_split_concat
+from hrm_edge.onnx_passes import hoist_loop_invariants, loop_and_body, merge_split_concat, names_read, weights_into_body
 
 
 def strip_debug_metadata(graph: onnx.GraphProto) -> None:
@@ -96,6 +97,7 @@ def _export(module, example: tuple, dynamic: tuple, input_names, output_names, p
     head_as_gemm(proto.graph)
     if needs_loop:
         hoist_loop_invariants(proto.graph)
+        weights_into_body(proto.graph)
     cfg = module.model.cfg
     onnx.helper.set_model_props(proto, {"max_seq_len": str(cfg.max_seq_len), "vocab_size": str(cfg.vocab_size)})
     if needs_loop and "Loop" not in main_graph_ops(proto):
@@ -163,7 +165,9 @@ def _as_uint8(q: np.ndarray) -> np.ndarray:
 
 
 def _initializers(graph: onnx.GraphProto) -> dict:
-    return {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    """Initializers of the graph and of the Loop body, by name."""
+    _, body = loop_and_body(graph)
+    return {i.name: onnx.numpy_helper.to_array(i) for i in list(graph.initializer) + list(body.initializer)}
 
 
 def _find_initializer(arrays: dict, target) -> str:
@@ -225,6 +229,8 @@ def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Pat
     _, body = loop_and_body(main)
     merge_split_concat(body, main)  # wq+wk(+wv) as one matmul: its Split and the model's Concat for RoPE cancel
     _drop_unused_initializers(main)
+    _drop_unused_initializers(body)  # the fp32 weights of the int8 linears
+    weights_into_body(main)  # the int8 weights and their scales were added to the main graph
     del main.value_info[:]  # shapes/types of rewritten values changed; runtimes re-infer them
     del body.value_info[:]
     onnx.checker.check_model(proto, full_check=True)
@@ -326,18 +332,9 @@ def _quantize_tied_table(main: onnx.GraphProto, plan, inits: NewInitializers) ->
     main.node.extend(nodes)
 
 
-def _used_names(graph: onnx.GraphProto, used: set) -> None:
-    for node in graph.node:
-        used.update(node.input)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                _used_names(attr.g, used)
-    used.update(o.name for o in graph.output)
-
-
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
-    used: set = set()
-    _used_names(graph, used)
+    """Drop the graph's initializers that neither it nor its nested graphs read."""
+    used = names_read(graph)
     keep = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep)

@@ -2,8 +2,9 @@
 
 A decode step runs the Loop body T times, and at batch 1 onnxruntime spends about as much per body node
 (~1 us of dispatch) as on the arithmetic of most of them, so every node that computes the same value in
-every iteration is moved out of the body and computed once per call (hoist_loop_invariants), and a Split
-whose pieces are concatenated again is undone (merge_split_concat).
+every iteration is moved out of the body and computed once per call (hoist_loop_invariants), a Split
+whose pieces are concatenated again is undone (merge_split_concat), and the weights only the body reads are
+stored in the body (weights_into_body).
 """
 from __future__ import annotations
 
@@ -91,6 +92,36 @@ def hoist_loop_invariants(graph: onnx.GraphProto) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return len(hoisted)
+
+
+def weights_into_body(graph: onnx.GraphProto) -> int:
+    """Move the main graph's initializers that only the Loop body reads into the body graph; returns how many.
+
+    Each is still stored once (a name the main graph no longer has, so nothing is shadowed). Why: onnxruntime
+    hands every outer-scope value a body reads to each iteration as an implicit input, and the shared block's
+    ~20 weights as outer-scope values cost ~10% of a decode step (int8 KV graph, batch 1, one thread:
+    1.09 -> 0.96 ms at 1 past position, 1.43 -> 1.30 ms at 192; fp32 ~8%). Values the main graph, the Loop
+    node or a graph output also reads (the tied table, small shared constants) stay where they are."""
+    _, body = loop_and_body(graph)
+    outside = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}  # (Loop: its own inputs)
+    inside = names_read(body)
+    move = [i for i in graph.initializer if i.name in inside and i.name not in outside]
+    keep = [i for i in graph.initializer if not (i.name in inside and i.name not in outside)]
+    body.initializer.extend(move)  # (copies)
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    return len(move)
+
+
+def names_read(graph: onnx.GraphProto) -> set:
+    """Every value name the graph's nodes and outputs read, its nested graphs' included."""
+    names = {o.name for o in graph.output}
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                names |= names_read(attr.g)
+    return names
 
 
 def merge_split_concat(body: onnx.GraphProto, outer: onnx.GraphProto) -> int:

@@ -77,15 +77,22 @@ def test_depth_dial(tiny_export):
     assert np.abs(bundle["reference/fp32.c1"] - bundle["fp32_logits"]).max() > 100 * fp32["max_abs_logit_error"]
 
 
-def test_onnx_iteration_is_a_loop_with_weights_outside(tiny_export):
+def test_onnx_iteration_is_a_loop_with_each_weight_stored_once(tiny_export):
     model = onnx.load(str(tiny_export / "hrm.fp32.onnx"))
     loops = [n for n in model.graph.node if n.op_type == "Loop"]
     assert len(loops) == 1, [n.op_type for n in model.graph.node]
     body = next(a.g for a in loops[0].attribute if a.name == "body")
     assert sum(n.op_type == "MatMul" for n in body.node) >= 7, "the shared block lives in the Loop body"
-    assert len(body.initializer) == 0, "weights belong to the outer graph, stored once"
+    # the shared block's weights are the body's (onnx_passes.weights_into_body), the tied table the main graph's
+    cfg = json.loads((tiny_export / "config.json").read_text())
+    D, F = cfg["d_model"], cfg["ffn_hidden"]
+    body_shapes = sorted(tuple(i.dims) for i in body.initializer if len(i.dims) == 2)
+    assert body_shapes.count((D, F)) == 2 and body_shapes.count((F, D)) == 1, body_shapes
+    assert max(model.graph.initializer, key=lambda i: np.prod(i.dims)).name == "model.embed.weight"
+    inits = list(model.graph.initializer) + list(body.initializer)
+    assert len({i.name for i in inits}) == len(inits)
     m = load_manifest(tiny_export)
-    init_bytes = sum(onnx.numpy_helper.to_array(i).nbytes for i in model.graph.initializer)
+    init_bytes = sum(onnx.numpy_helper.to_array(i).nbytes for i in inits)
     assert init_bytes <= 1.02 * m["unique_weight_bytes"]
     names = {i.name for i in model.graph.input}
     dims = [d.dim_param for d in model.graph.input[0].type.tensor_type.shape.dim]
@@ -222,7 +229,7 @@ def test_static_int8_onnx_keeps_the_loop_with_integer_ops_inside(tiny_export):
         assert sorted(len(n.output) for n in splits) == [2, 2], [list(n.output) for n in splits]
         pieces = {o for n in body.node if n.op_type == "Split" for o in n.output}
         assert not [n for n in body.node if n.op_type == "Concat" and set(n.input) <= pieces]
-        inits = {i.name: i for i in model.graph.initializer}
+        inits = {i.name: i for i in list(model.graph.initializer) + list(body.initializer)}
         weights = [i for i in inits.values() if i.data_type == onnx.TensorProto.UINT8 and len(i.dims) == 2]
         cfg = json.loads((tiny_export / "config.json").read_text())
         D, F, V = cfg["d_model"], cfg["ffn_hidden"], cfg["vocab_size"]
@@ -232,7 +239,8 @@ def test_static_int8_onnx_keeps_the_loop_with_integer_ops_inside(tiny_export):
         zero_points = [i for i in inits.values() if i.name.endswith(".x_zero_point")]
         assert len(zero_points) == 4 and all(i.data_type == onnx.TensorProto.UINT8 for i in zero_points)
         assert all(list(i.dims) == [m["block_applications"]] for i in zero_points)
-        assert not body.initializer
+        assert "q8.embed.w_uint8_t" in {i.name for i in model.graph.initializer}, "the table: main graph"
+        assert {"q8.attn.wo.w_uint8", "q8.attn.wo.x_scale"} <= {i.name for i in body.initializer}, "block: body"
         scales = onnx.numpy_helper.to_array(inits["q8.attn.wo.x_scale"])
         assert scales.shape == (m["block_applications"],)
         if "perstep" in name:

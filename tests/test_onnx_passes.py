@@ -4,7 +4,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from hrm_edge.onnx_passes import hoist_loop_invariants, merge_split_concat
+from hrm_edge.onnx_passes import hoist_loop_invariants, merge_split_concat, weights_into_body
 
 
 def _loop_model() -> onnx.ModelProto:
@@ -111,3 +111,21 @@ def test_split_pieces_out_of_order_or_shared_are_left_alone():
     model = _split_concat_model([2, 3, 4], 0, 2)
     model.graph.node.append(helper.make_node("Neg", ["s0"], ["extra"]))  # a piece read elsewhere too
     assert merge_split_concat(model.graph, model.graph) == 0
+
+
+def test_weights_only_the_body_reads_move_into_it_and_results_stay():
+    model = _loop_model()
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1.5, np.float32), "bias"))
+    body = next(a.g for a in model.graph.node[-1].attribute if a.name == "body")
+    body.node[-2].input[1] = "bias_i"  # z_out = z_s + (i + bias): a second outer value only the body reads
+    body.node.insert(len(body.node) - 2, helper.make_node("Add", ["i_f", "bias"], ["bias_i"]))
+    model.graph.node.insert(0, helper.make_node("Neg", ["w"], ["w_neg"]))  # w is read outside the body too
+    model.graph.output.append(helper.make_tensor_value_info("w_neg", TensorProto.FLOAT, [3]))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    before = _run_all(model, x)
+    assert weights_into_body(model.graph) == 1
+    onnx.checker.check_model(model, full_check=True)
+    assert [i.name for i in body.initializer] == ["two", "bias"]
+    assert sorted(i.name for i in model.graph.initializer) == ["n", "w"], "the trip count and a shared weight stay"
+    for a, b in zip(_run_all(model, x), before):
+        np.testing.assert_array_equal(a, b)
