@@ -148,7 +148,7 @@ def export_onnx_decode(model: HRMLM, path: Path, n_cycles: int | None = None) ->
 # onnxruntime's static quantizer does not look inside Loop bodies, and inside a body ORT does not fuse
 # QDQ patterns (measured: slower than fp32, or a session error). So the body gets explicit integer ops:
 #   x_q = QuantizeLinear(x, s[t], zp[t])          s, zp: [T] vectors gathered by the loop counter t
-#   y_i = MatMulInteger(x_q, W_q, zp[t], 128)     weights an outer-graph initializer stored once
+#   y_i = MatMulInteger(x_q, W_q, zp[t], 128)     weights a body initializer, stored once
 #   y   = Cast(y_i, float) * (s[t] * w_scale)      (onnxruntime fuses these three into MatMulIntegerToFloat)
 # which is what QDQ means, computed in int32. The plan's int8 values are stored shifted by 128 as uint8 (zero
 # points shifted too): the integer sums are identical, and uint8 x uint8 is the one form onnxruntime runs both

@@ -18,7 +18,7 @@ forward() picks the positions and the attention mask from the cache, then runs o
     run_layers      arch "transformer": the unshared baseline, n_layers independent blocks
     run_loop        a Python for loop: training and the eager reference; torch.export unrolls it (ExecuTorch)
     run_while_loop  torch._higher_order_ops.while_loop: torch.onnx.export turns it into ONE ONNX `Loop`
-                    whose body holds the block once and reads the weights from the outer graph.
+                    whose body holds the block once, its weights stored once as body initializers.
 With run_loop the step index is a Python int and the fast/slow choice is static (hrm_step). Under while_loop
 it is a tensor, so the step embedding is read with index_select (t[i] fails export with a data-dependent-
 integer error), the two levels travel as one state [2, B, S, D] and both gates run as one batched gate whose

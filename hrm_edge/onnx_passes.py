@@ -105,8 +105,9 @@ def weights_into_body(graph: onnx.GraphProto) -> int:
     _, body = loop_and_body(graph)
     outside = {name for n in graph.node for name in n.input} | {o.name for o in graph.output}  # (Loop: its own inputs)
     inside = names_read(body)
-    move = [i for i in graph.initializer if i.name in inside and i.name not in outside]
-    keep = [i for i in graph.initializer if not (i.name in inside and i.name not in outside)]
+    body_only = inside - outside
+    move = [i for i in graph.initializer if i.name in body_only]
+    keep = [i for i in graph.initializer if i.name not in body_only]
     body.initializer.extend(move)  # (copies)
     del graph.initializer[:]
     graph.initializer.extend(keep)
