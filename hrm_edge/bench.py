@@ -60,7 +60,7 @@ def _import_eager_model() -> None:
     import hrm_edge.model  # noqa: F401
 
 
-def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeats: int) -> dict:
+def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeats: int, weight_cache: bool = True) -> dict:
     """Runs inside the child process: load and time one artifact ("eager" = the fp32 eager model)."""
     manifest = read_manifest(out_dir)
     vocab = manifest["model"]["vocab_size"]
@@ -96,7 +96,10 @@ def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeat
         from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
         from executorch.runtime import Runtime
 
+        from hrm_edge.xnnpack_options import set_weight_cache
+
         _unsafe_reset_threadpool(threads)
+        set_weight_cache(weight_cache)
         t0 = time.perf_counter()
         method = Runtime.get().load_program(str(out_dir / artifact)).load_method("forward")
         x = torch.from_numpy(tokens).contiguous()
@@ -117,7 +120,8 @@ def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeat
             "latency_ms": latency * 1e3, "tokens_per_s": seq_len / latency, "peak_rss_mb": _peak_rss_mb()}
 
 
-def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: int, new_tokens: int, repeats: int,
+                       weight_cache: bool = True) -> dict:
     """Runs inside the child process: prefill + greedy decode with one KV-cache program ("eager" = eager)."""
     from hrm_edge.generate import EagerDecoder, OnnxDecoder, PteDecoder, generate
 
@@ -138,7 +142,7 @@ def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: i
     elif artifact.endswith((".onnx", ".ort")):
         decoder = OnnxDecoder(out_dir / artifact, threads)
     else:
-        decoder = PteDecoder(out_dir / artifact, threads)
+        decoder = PteDecoder(out_dir / artifact, threads, weight_cache)
     vocab = decoder.prefill(np.zeros(1, dtype=np.int64)).shape[-1]  # also the lazy initialisation
     load_s = time.perf_counter() - t0
     prompt = np.random.default_rng(0).integers(0, vocab, size=prompt_len).tolist()
@@ -146,7 +150,7 @@ def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: i
     prefill_s = statistics.median(g.prefill_s for g in runs)
     decode = statistics.median(g.decode_tokens_per_s for g in runs)
     return {"artifact": artifact, "threads": threads, "prompt_len": prompt_len, "new_tokens": new_tokens,
-            "load_s": load_s, "ttft_ms": prefill_s * 1e3, "prefill_tokens_per_s": prompt_len / prefill_s,
+            "weight_cache": weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3, "prefill_tokens_per_s": prompt_len / prefill_s,
             "decode_tokens_per_s": decode, "peak_rss_mb": _peak_rss_mb()}
 
 
@@ -199,6 +203,19 @@ def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
 
 
 @dataclass
+class DecodeTiming:
+    """How every decode program is timed: one thread count, prompt and continuation, `repeats` generations per
+    child process, `rounds` interleaved rounds, XNNPACK's weight cache on or off for the .pte programs."""
+
+    threads: int
+    prompt_len: int
+    new_tokens: int
+    repeats: int
+    rounds: int = 1
+    weight_cache: bool = True
+
+
+@dataclass
 class DecodeJob:
     """One program the decode benchmark times, in a fresh child process."""
 
@@ -210,13 +227,15 @@ class DecodeJob:
     full_depth: bool = True  # False: a depth-dial program (fewer outer cycles), never compared with a peer
     passed: bool = True  # our artifact's parity verdict on this host: only a passing one leads the peer table
 
-    def measure(self, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+    def measure(self, t: DecodeTiming) -> dict:
         if self.model == "peer":
             from hrm_edge.peers import measure_peer_decode_child
 
-            return measure_peer_decode_child(self.folder / self.name, threads, prompt_len, new_tokens, repeats)
-        return _child(self.folder, ["--one-decode", self.name, "--prompt-len", str(prompt_len), "--new-tokens",
-                                    str(new_tokens), "--repeats", str(repeats)], threads)
+            return measure_peer_decode_child(self.folder / self.name, t.threads, t.prompt_len, t.new_tokens, t.repeats,
+                                             t.weight_cache)
+        return _child(self.folder, ["--one-decode", self.name, "--prompt-len", str(t.prompt_len), "--new-tokens",
+                                    str(t.new_tokens), "--repeats", str(t.repeats)]
+                      + ([] if t.weight_cache else ["--no-weight-cache"]), t.threads)
 
 
 def decode_jobs(out_dir: Path, manifest: dict, baseline: bool, peers: bool, log=print) -> list[DecodeJob]:
@@ -240,27 +259,26 @@ def decode_jobs(out_dir: Path, manifest: dict, baseline: bool, peers: bool, log=
     return jobs
 
 
-def run_decode_bench(out_dir: Path, threads: int, lengths: tuple, repeats: int, rounds: int, baseline: bool,
-                     peers: bool = False, log=print) -> dict:
+def run_decode_bench(out_dir: Path, timing: DecodeTiming, baseline: bool, peers: bool = False, log=print) -> dict:
     """Every decode job timed in `rounds` interleaved rounds (each a fresh child: `repeats` generations, medians);
     a row's figures are the median round's. Interleaving spreads a busy moment of the machine over all jobs."""
-    prompt_len, new_tokens = lengths
     manifest = read_manifest(out_dir)
     jobs = decode_jobs(out_dir, manifest, baseline, peers, log)
     measured: list[list[dict]] = [[] for _ in jobs]
-    for r in range(rounds):
+    for r in range(timing.rounds):
         for job, runs in zip(jobs, measured):
-            runs.append(job.measure(threads, prompt_len, new_tokens, repeats))
-            log(f"  round {r + 1}/{rounds} {job.model:<9} {job.name:<30} decode {runs[-1]['decode_tokens_per_s']:7.0f} tok/s")
+            runs.append(job.measure(timing))
+            log(f"  round {r + 1}/{timing.rounds} {job.model:<9} {job.name:<30} decode {runs[-1]['decode_tokens_per_s']:7.0f} tok/s")
     rows = []
     for job, runs in zip(jobs, measured):
         row = sorted(runs, key=lambda m: m["decode_tokens_per_s"])[len(runs) // 2]
         rows.append(row | {"model": job.model, "format": job.format, "precision": job.precision,
-                           "full_depth": job.full_depth, "passed": job.passed, "rounds": rounds,
+                           "full_depth": job.full_depth, "passed": job.passed, "rounds": timing.rounds,
                            "decode_tokens_per_s_rounds": [m["decode_tokens_per_s"] for m in runs],
                            "bytes": (job.folder / job.name).stat().st_size if job.name != "eager" else None})
     add_decode_ratios(rows)
-    return {"prompt_len": prompt_len, "new_tokens": new_tokens, "rounds": rounds, "rows": rows}
+    return {"prompt_len": timing.prompt_len, "new_tokens": timing.new_tokens, "rounds": timing.rounds,
+            "weight_cache": timing.weight_cache, "rows": rows}
 
 
 def add_decode_ratios(rows: list[dict]) -> None:
@@ -346,7 +364,7 @@ def _full_sequence_programs(manifest: dict, baseline: dict | None) -> list[tuple
 
 
 def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repeats: int = 10, log=print,
-              ort_baseline: bool = True) -> dict:
+              ort_baseline: bool = True, weight_cache: bool = True) -> dict:
     manifest = read_manifest(out_dir)
     seq_len = seq_len or min(128, manifest["model"]["max_seq_len"])
     if not 1 <= seq_len <= manifest["model"]["max_seq_len"]:
@@ -354,7 +372,8 @@ def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repea
     baseline = ort_dynamic_baseline(out_dir, manifest, log) if ort_baseline else None
     rows = []
     for path, fmt, precision, quantization, known in _full_sequence_programs(manifest, baseline):
-        row = _child(out_dir, ["--one", path, "--seq-len", str(seq_len), "--repeats", str(repeats)], threads)
+        row = _child(out_dir, ["--one", path, "--seq-len", str(seq_len), "--repeats", str(repeats)]
+                     + ([] if weight_cache else ["--no-weight-cache"]), threads)
         row.update(format=fmt, precision=precision, mode=quantization.get("mode", ""),
                    scales=quantization.get("activation_scales", "").split(" ")[0])
         row.update(known)
@@ -363,16 +382,23 @@ def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repea
     eager = rows[0]["latency_ms"]
     for row in rows:
         row["speedup_vs_eager"] = eager / row["latency_ms"]
-    return {"target": host_target(), "threads": threads, "seq_len": seq_len, "repeats": repeats,
+    return {"target": host_target(), "threads": threads, "seq_len": seq_len, "repeats": repeats, "weight_cache": weight_cache,
             "model": {k: manifest["model"][k] for k in ("arch", "d_model", "vocab_size", "H_cycles", "L_cycles")},
             "rows": rows}
+
+
+def weight_cache_words(on: bool) -> str:
+    if on:
+        return ".pte programs with XNNPACK's weight cache on, as ExecuTorch's Android and iOS builds run them"
+    return ".pte programs with XNNPACK's weight cache off (--no-weight-cache: the pip wheel's default)"
 
 
 def render_decode_table(result: dict) -> str:
     d = result["decode"]
     lines = [f"Generation with a KV cache, batch 1, {d['prompt_len']}-token prompt then {d['new_tokens']} greedy tokens, "
              f"{result['threads']} thread(s), {result['target']}; each program in a fresh process, median of "
-             f"{max(1, result['repeats'] // 3)} generations, the median of {d['rounds']} interleaved round(s).", "",
+             f"{max(1, result['repeats'] // 3)} generations, the median of {d['rounds']} interleaved round(s); "
+             f"{weight_cache_words(d.get('weight_cache', False))}.", "",
              "| model | program | bytes | load s | time to first token ms | prefill tok/s | decode tok/s | "
              "decode vs eager fp32 | vs unshared baseline | vs peer (same runtime and precision class) | peak RSS MB |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
@@ -436,7 +462,7 @@ def render_depth_table(rows: list[dict]) -> str:
 
 def render_table(result: dict) -> str:
     lines = [f"Full-sequence forward, batch 1, {result['seq_len']} tokens, {result['threads']} thread(s), "
-             f"{result['target']}; median of {result['repeats']}.", "",
+             f"{result['target']}; median of {result['repeats']}; {weight_cache_words(result.get('weight_cache', False))}.", "",
              "| artifact | mode | act. scales | bytes | vs fp32 bytes | latency ms | tokens/s | vs eager | load s | "
              "peak RSS MB | ppl (fp32) | top-1 vs fp32 |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -470,6 +496,10 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1,
                    help="time every decode program this many times, interleaved, and report the median round (default 1; "
                         "3 steadies the ratios on a shared machine)")
+    p.add_argument("--no-weight-cache", action="store_true",
+                   help="run the .pte programs with XNNPACK's weight cache off, as the pip wheel does by default (default: "
+                        "on, as ExecuTorch's Android and iOS builds run them: a weight shared by several operators, such "
+                        "as our block's, is packed once instead of once per operator)")
     p.add_argument("--json", type=Path, help="where to write the JSON results (default DIR/bench.json)")
     p.add_argument("--no-verify", action="store_true", help="run the artifacts without first checking them against "
                    "the manifest's sha256 (for artifacts edited on purpose)")
@@ -479,10 +509,11 @@ def main(argv=None) -> int:
     if a.threads < 1 or a.repeats < 1 or a.rounds < 1:
         raise UserError("--threads, --repeats and --rounds must be >= 1")
     if a.one:
-        print(json.dumps(measure_one(a.dir, a.one, a.threads, a.seq_len, a.repeats)))
+        print(json.dumps(measure_one(a.dir, a.one, a.threads, a.seq_len, a.repeats, not a.no_weight_cache)))
         return 0
     if a.one_decode:
-        print(json.dumps(measure_decode_one(a.dir, a.one_decode, a.threads, a.prompt_len, a.new_tokens, a.repeats)))
+        print(json.dumps(measure_decode_one(a.dir, a.one_decode, a.threads, a.prompt_len, a.new_tokens, a.repeats,
+                                            not a.no_weight_cache)))
         return 0
     manifest = read_manifest(a.dir)
     verify_files(a.dir, manifest, no_verify=a.no_verify)  # every file it loads; its children trust this check
@@ -495,10 +526,15 @@ def main(argv=None) -> int:
         from hrm_edge.peers import require_peer_extra
 
         require_peer_extra()  # before minutes of benchmarking, not after
-    result = run_bench(a.dir, a.threads, a.seq_len, a.repeats, ort_baseline=not a.no_baseline)
+    if not a.no_weight_cache and any(art.format == "pte" for art in manifest["artifacts"]):
+        from hrm_edge.xnnpack_options import weight_cache_enabled
+
+        weight_cache_enabled()  # one clear error now if this ExecuTorch build offers no way to set it
+    result = run_bench(a.dir, a.threads, a.seq_len, a.repeats, ort_baseline=not a.no_baseline,
+                       weight_cache=not a.no_weight_cache)
     print("decode benchmark:")
-    result["decode"] = run_decode_bench(a.dir, a.threads, (prompt_len, new_tokens), max(1, a.repeats // 3), a.rounds,
-                                        baseline=not a.no_baseline, peers=a.peers)
+    timing = DecodeTiming(a.threads, prompt_len, new_tokens, max(1, a.repeats // 3), a.rounds, not a.no_weight_cache)
+    result["decode"] = run_decode_bench(a.dir, timing, baseline=not a.no_baseline, peers=a.peers)
     table = render_peer_ratios(result) + "\n" + render_table(result) + "\n" + render_decode_table(result)
     result["depth_dial"] = depth_dial_rows(manifest, result["decode"])
     if result["depth_dial"]:

@@ -59,9 +59,12 @@ class OnnxDecoder(Decoder):
 
 
 class PteDecoder(Decoder):
-    """The *.kv.pte program (ExecuTorch LLM-runner contract): caches live in the program's buffers."""
+    """The *.kv.pte program (ExecuTorch LLM-runner contract): caches live in the program's buffers.
 
-    def __init__(self, path: Path, threads: int = 0):
+    weight_cache: XNNPACK's weight cache on or off for this load (hrm_edge.xnnpack_options; on is how
+    ExecuTorch's Android and iOS builds run); None leaves the runtime's setting (the pip wheel: off)."""
+
+    def __init__(self, path: Path, threads: int = 0, weight_cache: bool | None = None):
         import torch
         import executorch.kernels.quantized  # noqa: F401  quantized_decomposed kernels for int8 programs
         from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  llama::update_cache, custom_sdpa
@@ -71,6 +74,10 @@ class PteDecoder(Decoder):
             from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
             _unsafe_reset_threadpool(threads)
+        if weight_cache is not None:
+            from hrm_edge.xnnpack_options import set_weight_cache
+
+            set_weight_cache(weight_cache)  # read when the program's delegates are initialised, at load
         self.torch = torch
         program = Runtime.get().load_program(str(path))
         self.method = program.load_method("forward")

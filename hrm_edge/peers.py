@@ -237,10 +237,10 @@ class PeerPteDecoder(PteDecoder):
     """export_llm's Llama: forward(tokens [1, S], input_pos [1]) -> logits [1, V] of the last position only
     (generate_full_logits=False), caches in the program's buffers."""
 
-    def __init__(self, path: Path, threads: int = 0):
+    def __init__(self, path: Path, threads: int = 0, weight_cache: bool | None = None):
         import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  llama::custom_sdpa, llama::update_cache
 
-        super().__init__(path, threads)
+        super().__init__(path, threads, weight_cache)
 
     def _run(self, tokens: np.ndarray) -> np.ndarray:
         return np.atleast_2d(super()._run(tokens))  # [1, V] (or [S, V]); the last row is the next-token logits
@@ -282,12 +282,12 @@ class PeerOnnxDecoder(Decoder):
         return out["logits"][0]
 
 
-def peer_decoder(path: Path, threads: int = 0) -> Decoder:
+def peer_decoder(path: Path, threads: int = 0, weight_cache: bool | None = None) -> Decoder:
     path = Path(path)
     if not path.is_file() or not (path.parent / MARKER).is_file():
         raise UserError(f"not a built peer program (no {path.name}, or no {MARKER} beside it): {path}")
     if path.suffix == ".pte":
-        return PeerPteDecoder(path, threads)
+        return PeerPteDecoder(path, threads, weight_cache)
     return PeerOnnxDecoder(path, json.loads((path.parent / MARKER).read_text())["shape"]["max_seq_len"], threads)
 
 
@@ -299,7 +299,8 @@ def _peak_rss_mb() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
-def measure_peer_decode(path: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+def measure_peer_decode(path: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int,
+                        weight_cache: bool = True) -> dict:
     """Runs inside a fresh child process, like hrm_edge.bench's measure_decode_one (same keys, same rules):
     imports before the clock, load time includes a one-token prefill (lazy initialisation, weight packing),
     then `repeats` runs of a prompt_len random prompt + new_tokens greedy tokens; medians."""
@@ -312,7 +313,7 @@ def measure_peer_decode(path: Path, threads: int, prompt_len: int, new_tokens: i
     else:
         import onnxruntime  # noqa: F401
     t0 = time.perf_counter()
-    decoder = peer_decoder(path, threads)
+    decoder = peer_decoder(path, threads, weight_cache if path.suffix == ".pte" else None)
     vocab = decoder.prefill(np.zeros(1, dtype=np.int64)).shape[-1]
     load_s = time.perf_counter() - t0
     prompt = np.random.default_rng(0).integers(0, vocab, size=prompt_len).tolist()
@@ -320,16 +321,18 @@ def measure_peer_decode(path: Path, threads: int, prompt_len: int, new_tokens: i
     prefill_s = float(np.median([g.prefill_s for g in runs]))
     decode = float(np.median([g.decode_tokens_per_s for g in runs]))
     return {"artifact": path.name, "threads": threads, "prompt_len": prompt_len, "new_tokens": new_tokens,
-            "load_s": load_s, "ttft_ms": prefill_s * 1e3, "prefill_tokens_per_s": prompt_len / prefill_s,
+            "weight_cache": weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3, "prefill_tokens_per_s": prompt_len / prefill_s,
             "decode_tokens_per_s": decode, "peak_rss_mb": _peak_rss_mb()}
 
 
-def measure_peer_decode_child(path: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int) -> dict:
+def measure_peer_decode_child(path: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int,
+                              weight_cache: bool = True) -> dict:
     """measure_peer_decode in a fresh process, so load time and peak RSS are the program's own."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-m", "hrm_edge.peers", "--one-decode", str(path), "--threads", str(threads),
-                           "--prompt-len", str(prompt_len), "--new-tokens", str(new_tokens), "--repeats", str(repeats)],
+                           "--prompt-len", str(prompt_len), "--new-tokens", str(new_tokens), "--repeats", str(repeats)]
+                          + ([] if weight_cache else ["--no-weight-cache"]),
                           capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -356,7 +359,8 @@ def render_peer_table(shape: PeerShape, rows: list[dict], programs: list[PeerPro
     r0 = rows[0]
     lines = [f"Peers at d_model {shape.d_model}, {shape.n_layers} layers, {shape.n_heads} heads, ffn {shape.ffn_hidden}, "
              f"vocab {shape.vocab_size}, context {shape.max_seq_len}: {r0['prompt_len']}-token prompt then "
-             f"{r0['new_tokens']} greedy tokens, {r0['threads']} thread(s).", "",
+             f"{r0['new_tokens']} greedy tokens, {r0['threads']} thread(s); .pte programs with XNNPACK's weight cache "
+             f"{'on' if r0.get('weight_cache', True) else 'off'}.", "",
              "| program | bytes | build s | load s | time to first token ms | prefill tok/s | decode tok/s | peak RSS MB |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r, p in zip(rows, programs):
@@ -388,12 +392,16 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-len", type=int, help="prompt tokens (default min(128, context/2))")
     p.add_argument("--new-tokens", type=int, help="greedy new tokens (default min(128, context - prompt))")
     p.add_argument("--repeats", type=int, default=3, help="timed generations per program after the load (default 3)")
+    p.add_argument("--no-weight-cache", action="store_true",
+                   help="run the .pte programs with XNNPACK's weight cache off (the pip wheel's default; default: on, "
+                        "as ExecuTorch's Android and iOS builds)")
     p.add_argument("--one-decode", type=Path, help=argparse.SUPPRESS)  # internal: time one program in this process
     a = p.parse_args(argv)
     if a.threads < 1 or a.repeats < 1:
         raise UserError("--threads and --repeats must be >= 1")
     if a.one_decode:
-        print(json.dumps(measure_peer_decode(a.one_decode, a.threads, a.prompt_len, a.new_tokens, a.repeats)))
+        print(json.dumps(measure_peer_decode(a.one_decode, a.threads, a.prompt_len, a.new_tokens, a.repeats,
+                                             not a.no_weight_cache)))
         return 0
     if a.dir is None:
         raise UserError("give the export folder whose shape the peers take (see --help)")
@@ -408,7 +416,8 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for prog in programs:
-        rows.append(measure_peer_decode_child(prog.path, a.threads, prompt_len, new_tokens, a.repeats))
+        rows.append(measure_peer_decode_child(prog.path, a.threads, prompt_len, new_tokens, a.repeats,
+                                              not a.no_weight_cache))
         print(f"  {prog.name:<16} prefill {rows[-1]['prefill_tokens_per_s']:8.0f} tok/s, "
               f"decode {rows[-1]['decode_tokens_per_s']:7.0f} tok/s")
     print(render_peer_table(shape, rows, programs))

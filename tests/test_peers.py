@@ -14,8 +14,8 @@ from hrm_edge.peers import (PEER_FILES, PeerShape, build_peers, measure_peer_dec
 
 TINY = PeerShape(d_model=64, n_heads=4, ffn_hidden=192, n_layers=2, vocab_size=512, max_seq_len=64)
 # what hrm_edge.bench's measure_decode_one returns, so a peer row sits in the same table as ours
-BENCH_DECODE_KEYS = {"artifact", "threads", "prompt_len", "new_tokens", "load_s", "ttft_ms", "prefill_tokens_per_s",
-                     "decode_tokens_per_s", "peak_rss_mb"}
+BENCH_DECODE_KEYS = {"artifact", "threads", "prompt_len", "new_tokens", "weight_cache", "load_s", "ttft_ms",
+                     "prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_mb"}
 
 
 @pytest.fixture(scope="module")
