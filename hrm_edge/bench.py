@@ -36,6 +36,7 @@ from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text, sha256_file
 from hrm_edge.manifest import read_manifest, verify_files
 from hrm_edge.parity import host_target
+from hrm_edge.xnnpack_options import child_flags
 
 
 def _peak_rss_mb() -> float:
@@ -60,7 +61,8 @@ def _import_eager_model() -> None:
     import hrm_edge.model  # noqa: F401
 
 
-def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeats: int, weight_cache: bool = True) -> dict:
+def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeats: int,
+                weight_cache: bool = True) -> dict:
     """Runs inside the child process: load and time one artifact ("eager" = the fp32 eager model)."""
     manifest = read_manifest(out_dir)
     vocab = manifest["model"]["vocab_size"]
@@ -150,8 +152,9 @@ def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: i
     prefill_s = statistics.median(g.prefill_s for g in runs)
     decode = statistics.median(g.decode_tokens_per_s for g in runs)
     return {"artifact": artifact, "threads": threads, "prompt_len": prompt_len, "new_tokens": new_tokens,
-            "weight_cache": weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3, "prefill_tokens_per_s": prompt_len / prefill_s,
-            "decode_tokens_per_s": decode, "peak_rss_mb": _peak_rss_mb()}
+            "weight_cache": weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3,
+            "prefill_tokens_per_s": prompt_len / prefill_s, "decode_tokens_per_s": decode,
+            "peak_rss_mb": _peak_rss_mb()}
 
 
 def _child(out_dir: Path, args: list[str], threads: int) -> dict:
@@ -234,8 +237,8 @@ class DecodeJob:
             return measure_peer_decode_child(self.folder / self.name, t.threads, t.prompt_len, t.new_tokens, t.repeats,
                                              t.weight_cache)
         return _child(self.folder, ["--one-decode", self.name, "--prompt-len", str(t.prompt_len), "--new-tokens",
-                                    str(t.new_tokens), "--repeats", str(t.repeats)]
-                      + ([] if t.weight_cache else ["--no-weight-cache"]), t.threads)
+                                    str(t.new_tokens), "--repeats", str(t.repeats), *child_flags(t.weight_cache)],
+                      t.threads)
 
 
 def decode_jobs(out_dir: Path, manifest: dict, baseline: bool, peers: bool, log=print) -> list[DecodeJob]:
@@ -372,8 +375,8 @@ def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repea
     baseline = ort_dynamic_baseline(out_dir, manifest, log) if ort_baseline else None
     rows = []
     for path, fmt, precision, quantization, known in _full_sequence_programs(manifest, baseline):
-        row = _child(out_dir, ["--one", path, "--seq-len", str(seq_len), "--repeats", str(repeats)]
-                     + ([] if weight_cache else ["--no-weight-cache"]), threads)
+        row = _child(out_dir, ["--one", path, "--seq-len", str(seq_len), "--repeats", str(repeats),
+                               *child_flags(weight_cache)], threads)
         row.update(format=fmt, precision=precision, mode=quantization.get("mode", ""),
                    scales=quantization.get("activation_scales", "").split(" ")[0])
         row.update(known)
@@ -382,7 +385,8 @@ def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repea
     eager = rows[0]["latency_ms"]
     for row in rows:
         row["speedup_vs_eager"] = eager / row["latency_ms"]
-    return {"target": host_target(), "threads": threads, "seq_len": seq_len, "repeats": repeats, "weight_cache": weight_cache,
+    return {"target": host_target(), "threads": threads, "seq_len": seq_len, "repeats": repeats,
+            "weight_cache": weight_cache,
             "model": {k: manifest["model"][k] for k in ("arch", "d_model", "vocab_size", "H_cycles", "L_cycles")},
             "rows": rows}
 
@@ -462,7 +466,8 @@ def render_depth_table(rows: list[dict]) -> str:
 
 def render_table(result: dict) -> str:
     lines = [f"Full-sequence forward, batch 1, {result['seq_len']} tokens, {result['threads']} thread(s), "
-             f"{result['target']}; median of {result['repeats']}; {weight_cache_words(result.get('weight_cache', False))}.", "",
+             f"{result['target']}; median of {result['repeats']}; "
+             f"{weight_cache_words(result.get('weight_cache', False))}.", "",
              "| artifact | mode | act. scales | bytes | vs fp32 bytes | latency ms | tokens/s | vs eager | load s | "
              "peak RSS MB | ppl (fp32) | top-1 vs fp32 |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

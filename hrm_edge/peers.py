@@ -35,6 +35,7 @@ import numpy as np
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.generate import Decoder, PteDecoder, generate
 from hrm_edge.io import atomic_write_text, check_writable_dir
+from hrm_edge.xnnpack_options import child_flags
 
 MARKER = "peers.json"
 PEER_FILES = ("llama.fp32.pte", "llama.8da4w.pte", "llama.fp32.onnx", "llama.int8.onnx")
@@ -321,8 +322,9 @@ def measure_peer_decode(path: Path, threads: int, prompt_len: int, new_tokens: i
     prefill_s = float(np.median([g.prefill_s for g in runs]))
     decode = float(np.median([g.decode_tokens_per_s for g in runs]))
     return {"artifact": path.name, "threads": threads, "prompt_len": prompt_len, "new_tokens": new_tokens,
-            "weight_cache": weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3, "prefill_tokens_per_s": prompt_len / prefill_s,
-            "decode_tokens_per_s": decode, "peak_rss_mb": _peak_rss_mb()}
+            "weight_cache": weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3,
+            "prefill_tokens_per_s": prompt_len / prefill_s, "decode_tokens_per_s": decode,
+            "peak_rss_mb": _peak_rss_mb()}
 
 
 def measure_peer_decode_child(path: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int,
@@ -331,8 +333,8 @@ def measure_peer_decode_child(path: Path, threads: int, prompt_len: int, new_tok
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH")]))
     proc = subprocess.run([sys.executable, "-m", "hrm_edge.peers", "--one-decode", str(path), "--threads", str(threads),
-                           "--prompt-len", str(prompt_len), "--new-tokens", str(new_tokens), "--repeats", str(repeats)]
-                          + ([] if weight_cache else ["--no-weight-cache"]),
+                           "--prompt-len", str(prompt_len), "--new-tokens", str(new_tokens), "--repeats", str(repeats),
+                           *child_flags(weight_cache)],
                           capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:

@@ -16,6 +16,7 @@ and any surprise is one clear error, never a silent fallback to the other settin
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 
 from hrm_edge.errors import UserError
@@ -53,6 +54,7 @@ def _library_data_ranges(path: str) -> list[tuple[int, int]]:
     return ranges
 
 
+@functools.cache  # the object's address is fixed for the life of the process: one scan
 def _backend() -> tuple[ctypes.CDLL, int]:
     """(the wheel's library, the address of its XnnpackBackend object)."""
     try:
@@ -92,6 +94,11 @@ def weight_cache_enabled() -> bool:
     if option.index != 0:  # 0: the bool alternative
         raise UserError(f"XnnpackBackend option {_KEY.decode()} is not a bool in this ExecuTorch build")
     return bool(option.storage[0])
+
+
+def child_flags(enabled: bool) -> list[str]:
+    """The command-line flag that carries the setting to a benchmark's child process."""
+    return [] if enabled else ["--no-weight-cache"]
 
 
 def set_weight_cache(enabled: bool) -> None:
