@@ -21,9 +21,9 @@ JUNIT = [Path("/usr/share/java/junit4.jar"), Path("/usr/share/java/hamcrest-core
 @pytest.fixture(scope="module")
 def classes(tmp_path_factory) -> Path:
     """The core and its tests compiled into one folder."""
-    assert shutil.which("javac"), "javac not found: apt-get install default-jdk-headless (.ci/run does)"
+    assert shutil.which("javac"), "javac not found: apt-get install default-jdk-headless (python -m hrm_edge.sysdeps does)"
     missing = [str(j) for j in JUNIT if not j.is_file()]
-    assert not missing, f"{missing} missing: apt-get install junit4 (.ci/run does)"
+    assert not missing, f"{missing} missing: apt-get install junit4 (python -m hrm_edge.sysdeps does)"
     out = tmp_path_factory.mktemp("java_classes")
     sources = sorted(APP.glob("main/java/org/hrmedge/core/*.java")) + sorted(APP.glob("test/java/org/hrmedge/core/*.java"))
     proc = subprocess.run(["javac", "-Xlint:all", "-Werror", "-d", str(out), "-cp", ":".join(map(str, JUNIT)),

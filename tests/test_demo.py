@@ -173,7 +173,7 @@ class DemoServer:
 @pytest.fixture(scope="module")
 def browser():
     playwright = pytest.importorskip("playwright.sync_api", reason="pip install '.[test]' installs playwright")
-    assert Path(CHROMIUM).is_file(), "Debian's chromium is missing: apt-get install chromium (.ci/run does)"
+    assert Path(CHROMIUM).is_file(), "Debian's chromium is missing: apt-get install chromium (python -m hrm_edge.sysdeps does)"
     with playwright.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
