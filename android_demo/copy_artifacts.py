@@ -18,9 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere in a checkout
 
 from hrm_edge.errors import UserError, run_cli  # noqa: E402
-from hrm_edge.manifest import manifest_json, read_manifest, verify_files  # noqa: E402
-from hrm_edge.parity import load_bundle  # noqa: E402
-from hrm_edge.web_bundle import WEB_BUNDLE, write_web_bundle  # noqa: E402
+from hrm_edge.runtime.manifest import manifest_json, read_manifest, verify_files  # noqa: E402
+from hrm_edge.verify.parity import load_bundle  # noqa: E402
+from hrm_edge.verify.web_bundle import WEB_BUNDLE, write_web_bundle  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent / "app" / "src" / "main" / "assets"
 
@@ -40,7 +40,7 @@ def copy_artifacts(out_dir: Path, assets: Path = ASSETS, precision: str = "int8"
     shutil.copyfile(tokenizer, assets / "tokenizer.json")
     if manifest.get("web_bundle"):
         shutil.copyfile(bundle, assets / WEB_BUNDLE)
-    else:  # an export from before the web bundle was listed: build it (hrm_edge.web_bundle reads JSON)
+    else:  # an export from before the web bundle was listed: build it (hrm_edge.verify.web_bundle reads JSON)
         write_web_bundle(assets, json.loads(manifest_json(manifest)), load_bundle(bundle))
     return [assets / n for n in ("hrm.kv.pte", "tokenizer.json", WEB_BUNDLE)]
 

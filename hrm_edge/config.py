@@ -1,6 +1,6 @@
 """Configuration dataclasses and TOML presets.
 
-A preset (export/presets/NAME.toml) has the tables [model], [data], [train] and [quant], whose keys are
+A preset (hrm_edge/train/presets/NAME.toml) has the tables [model], [data], [train] and [quant], whose keys are
 the fields of ModelConfig, DataConfig, TrainConfig and QuantConfig. Unknown keys are a user error, not silently ignored.
 """
 from __future__ import annotations
@@ -216,12 +216,8 @@ def from_dict(cls, values: dict, where: str):
 
 
 def presets_dir() -> Path:
-    """Presets live in export/presets/ of the repository; an installed package carries a copy."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "export" / "presets", here / "presets"):
-        if candidate.is_dir():
-            return candidate
-    raise UserError("cannot find the presets folder (export/presets)")
+    """The packaged presets: hrm_edge/train/presets/NAME.toml."""
+    return Path(__file__).resolve().parent / "train" / "presets"
 
 
 def preset_names() -> list[str]:

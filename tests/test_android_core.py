@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from hrm_edge.web_bundle import check_web_bundle, kv_logits, read_web_bundle, write_web_bundle
+from hrm_edge.verify.web_bundle import check_web_bundle, kv_logits, read_web_bundle, write_web_bundle
 from test_web_bundle import synthetic_export
 
 APP = REPO / "android_demo" / "app" / "src"
@@ -71,7 +71,7 @@ def assert_same_metrics(got: dict, want: dict):
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_java_metrics_equal_hrm_edge_parity(classes, tmp_path, precision):
-    """A bundle written by hrm_edge.web_bundle, and logits off by noise with a few flipped argmaxes."""
+    """A bundle written by hrm_edge.verify.web_bundle, and logits off by noise with a few flipped argmaxes."""
     manifest, bundle = synthetic_export(vocab=512)
     web = read_web_bundle(write_web_bundle(tmp_path, manifest, bundle))
     rng = np.random.default_rng(3)
@@ -85,10 +85,10 @@ def test_java_metrics_equal_hrm_edge_parity(classes, tmp_path, precision):
 
 def test_java_tokenizer_equals_python_tokenizers(classes, tmp_path):
     """The shipped model's tokenizer.json: the same ids as HF tokenizers, and the same decoded text."""
-    from hrm_edge.tokenizer import load_tokenizer
+    from hrm_edge.train.tokenizer import load_tokenizer
 
     path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
-    texts = [(REPO / "hrm_edge" / "generate.py").read_text()[:3000], "import os\ndef ", "x = 'it''s'  \n\n\t  y",
+    texts = [(REPO / "hrm_edge" / "runtime" / "decoders.py").read_text()[:3000], "import os\ndef ", "x = 'it''s'  \n\n\t  y",
              "naïve café — 日本語 😀 1234567 3.14", "<|bos|>start<|eos|>", "    return self._cache[key]  # héllo\r\n"]
     (tmp_path / "texts.json").write_text(json.dumps(texts))
     proc = java(classes, "org.hrmedge.core.CoreCli", "tokenize", path, tmp_path / "texts.json")
@@ -117,7 +117,7 @@ def tiny_onnx_export(tmp_path_factory):
 @pytest.mark.slow
 def test_java_metrics_on_a_real_int8_artifact(classes, tiny_onnx_export, tmp_path):
     """A web bundle from a real export and the logits its int8 KV graph gives in onnxruntime."""
-    from hrm_edge.parity import load_bundle
+    from hrm_edge.verify.parity import load_bundle
 
     manifest = json.loads((tiny_onnx_export / "manifest.json").read_text())
     path = write_web_bundle(tmp_path, manifest, load_bundle(tiny_onnx_export / manifest["parity_bundle"]["path"]))

@@ -1,4 +1,4 @@
-"""ARM64 parity under QEMU user-mode emulation (hrm_edge.arm64, `python -m hrm_edge.parity DIR --target aarch64`).
+"""ARM64 parity under QEMU user-mode emulation (hrm_edge.verify.arm64, `python -m hrm_edge.parity DIR --target aarch64`).
 
 The slow tests fetch the toolchain on first use (~4.5 GB into ~/.cache/hrm-edge/aarch64, ~4 min; then cached per
 machine) and run every artifact in emulated aarch64 Pythons. They never skip: a machine that cannot fetch the
@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from conftest import perturbed_copy, run_module
-from hrm_edge import arm64
+from hrm_edge.verify import arm64
 
 
 def load_manifest(d):

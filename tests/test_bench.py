@@ -1,10 +1,10 @@
 """The decode benchmark's ratios and the weight-byte accounting of the .pte programs (fast, no export)."""
 import torch
 
-from hrm_edge.bench import add_decode_ratios, render_peer_ratios
+from hrm_edge.measure.bench import add_decode_ratios, render_peer_ratios
 from hrm_edge.config import ModelConfig
-from hrm_edge.model import HRMLM
-from hrm_edge.quantize import INT4_GROUP, pte_weight_bytes, weight_bytes
+from hrm_edge.model.lm import HRMLM
+from hrm_edge.export.quantize import INT4_GROUP, pte_weight_bytes, weight_bytes
 
 
 def row(model, artifact, fmt, precision, tps):

@@ -1,13 +1,13 @@
-"""hrm_edge.checkpoint: saving and loading a model, the train state and the configs a checkpoint records."""
+"""hrm_edge.model.checkpoint: saving and loading a model, the train state and the configs a checkpoint records."""
 import json
 
 import pytest
 import torch
 
-from hrm_edge.checkpoint import (CONFIG, STATE, WEIGHTS, configs_for, load_model, load_train_state, save_checkpoint)
+from hrm_edge.model.checkpoint import (CONFIG, STATE, WEIGHTS, configs_for, load_model, load_train_state, save_checkpoint)
 from hrm_edge.config import DataConfig, ModelConfig, QuantConfig
 from hrm_edge.errors import UserError
-from hrm_edge.model import HRMLM
+from hrm_edge.model.lm import HRMLM
 
 
 def tiny_model():

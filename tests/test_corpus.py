@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_module
-from hrm_edge import corpus as C
+from hrm_edge.train import corpus as C
 from hrm_edge.config import DataConfig
-from hrm_edge.data import heldout_projects, load_corpus, read_built_corpus, xz_bits_per_byte
+from hrm_edge.train.dataset import heldout_projects, load_corpus, read_built_corpus, xz_bits_per_byte
 from hrm_edge.errors import UserError
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -2,7 +2,7 @@
 import hashlib
 
 from hrm_edge.config import DataConfig
-from hrm_edge.data import document_order, load_corpus
+from hrm_edge.train.dataset import document_order, load_corpus
 
 
 def expected_split(name: str, cfg: DataConfig) -> str:

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO
 from hrm_edge.config import ModelConfig
-from hrm_edge.model import HRMLM
+from hrm_edge.model.lm import HRMLM
 
 # ~80x the measured 1-vs-2-process difference, 1/300 of what one training step moves a weight by
 WEIGHT_TOL = 1e-5
@@ -26,7 +26,7 @@ CHECKPOINT_FILES = {"config.json", "model.safetensors", "tokenizer.json", "optim
 
 def preset_file(tmp_path, **overrides):
     """The tiny preset with a shorter run, fewer eval batches and a smaller corpus slice (start-up time)."""
-    text = (REPO / "export" / "presets" / "tiny.toml").read_text()
+    text = (REPO / "hrm_edge" / "train" / "presets" / "tiny.toml").read_text()
     changes = {"max_corpus_bytes": 400_000, "tokenizer_sample_bytes": 300_000, "steps": 20, "eval_every": 10,
                "eval_batches": 2, "checkpoint_every": 10, **overrides}
     for key, value in changes.items():

@@ -80,8 +80,8 @@ def test_paths_outside_the_folder_are_refused(tmp_path):
 def test_modified_web_bundle_is_refused(tmp_path):
     """Until the export lists the web bundle in the manifest, the demo checks it against the bytes it must have
     (rebuilt from the sha256-checked parity bundle)."""
-    from hrm_edge.demo import export_routes
-    from hrm_edge.parity import read_manifest
+    from hrm_edge.app.demo import export_routes
+    from hrm_edge.verify.parity import read_manifest
 
     root = fake_export(tmp_path / "e")
     routes, config = export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
@@ -105,7 +105,7 @@ def test_missing_npm_is_one_error_line(tmp_path):
 
 def test_server_serves_its_table_only(tmp_path):
     """Known URLs with COOP/COEP and the right MIME types; everything else (listing, `..`) is a 404."""
-    from hrm_edge.demo import DemoHandler
+    from hrm_edge.app.demo import DemoHandler
 
     (tmp_path / "a.mjs").write_text("export const a = 1;")
     (tmp_path / "b.wasm").write_bytes(b"\0asm")
@@ -204,7 +204,7 @@ def select_model(page, model_id):
 
 
 def python_self_test(export_dir: Path, model_id: str) -> dict:
-    from hrm_edge.web_bundle import check_web_bundle, kv_logits, read_web_bundle
+    from hrm_edge.verify.web_bundle import check_web_bundle, kv_logits, read_web_bundle
 
     web = read_web_bundle(export_dir / "web_bundle.bin")
     precision = "int8" if "int8" in model_id else "fp32"
@@ -213,8 +213,8 @@ def python_self_test(export_dir: Path, model_id: str) -> dict:
 
 def int8_reference_self_test(export_dir: Path, model_id: str) -> dict:
     """The Self-test's numbers had the int8 program computed exactly its eager int8 reference."""
-    from hrm_edge.parity import load_bundle
-    from hrm_edge.web_bundle import check_web_bundle, read_web_bundle
+    from hrm_edge.verify.parity import load_bundle
+    from hrm_edge.verify.web_bundle import check_web_bundle, read_web_bundle
 
     manifest = json.loads((export_dir / "manifest.json").read_text())
     art = next(a for a in manifest["artifacts"] if a["path"] == model_id)
@@ -299,8 +299,8 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
 
 @pytest.mark.slow
 def test_self_test_fails_on_a_perturbed_web_bundle(default_export, browser, tmp_path):
-    from hrm_edge.parity import load_bundle
-    from hrm_edge.web_bundle import read_web_bundle, write_web_bundle
+    from hrm_edge.verify.parity import load_bundle
+    from hrm_edge.verify.web_bundle import read_web_bundle, write_web_bundle
 
     export = tmp_path / "perturbed"
     shutil.copytree(default_export, export)

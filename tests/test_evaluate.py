@@ -6,12 +6,12 @@ import math
 import torch
 
 from conftest import run_module
-from hrm_edge.checkpoint import save_model
+from hrm_edge.model.checkpoint import save_model
 from hrm_edge.config import ModelConfig
-from hrm_edge.data import encode_documents
-from hrm_edge.evaluate import heldout_texts, project_bits
-from hrm_edge.model import HRMLM
-from hrm_edge.tokenizer import save_tokenizer, train_tokenizer
+from hrm_edge.train.dataset import encode_documents
+from hrm_edge.measure.evaluate import heldout_texts, project_bits
+from hrm_edge.model.lm import HRMLM
+from hrm_edge.train.tokenizer import save_tokenizer, train_tokenizer
 from test_corpus import built, fake_cache  # noqa: F401  (fixtures)
 
 

@@ -171,7 +171,7 @@ def test_killed_export_leaves_nothing_listed(tiny_export, tmp_path):
     else:
         raise AssertionError(f"worker processes {workers} outlived the killed export")
     # the run wrote into its staging folder only: the earlier export is still whole, manifest and files alike
-    from hrm_edge.manifest import read_manifest, verify_files
+    from hrm_edge.runtime.manifest import read_manifest, verify_files
     verify_files(out, read_manifest(out))
     onnx.checker.check_model(onnx.load(str(out / "hrm.fp32.onnx")), full_check=True)  # complete, not truncated
     proc = run_module("hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out,
@@ -282,7 +282,7 @@ def test_kv_cache_programs_decode_like_the_full_model(tiny_export):
 BLOCK_TORCH = """
 import sys
 sys.modules['torch'] = None  # any 'import torch' now raises ImportError: proves the path never imports it
-from hrm_edge.parity import main
+from hrm_edge.verify.parity import main
 code = main([sys.argv[1], '--bundle-only', '--formats', 'onnx'])
 assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules if sys.modules[m] is not None)
 sys.exit(code)

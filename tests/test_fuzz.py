@@ -20,10 +20,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import run_module
-from hrm_edge import bench, complete, demo, export, parity, train
+from hrm_edge.measure import bench
+from hrm_edge.app import complete
+from hrm_edge.app import demo
+from hrm_edge.export import pipeline as export
+from hrm_edge.verify import parity
+from hrm_edge.train import loop as train
 from hrm_edge.config import DataConfig, ModelConfig, QuantConfig, TrainConfig, from_dict
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.manifest import read_manifest, verify_files
+from hrm_edge.runtime.manifest import read_manifest, verify_files
 from test_reliability import SHIPPED_TOKENIZER, assert_user_error, edit_manifest, flip_byte, mini_export
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
@@ -248,7 +253,7 @@ def decoded(proc):
 # ---- the tokenizer / decoder path on model output ----
 @pytest.fixture(scope="module")
 def tokenizer():
-    from hrm_edge.tokenizer import load_tokenizer
+    from hrm_edge.train.tokenizer import load_tokenizer
 
     return load_tokenizer(SHIPPED_TOKENIZER)
 

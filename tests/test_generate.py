@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import run_module
-from hrm_edge.generate import Sampling, sample
+from hrm_edge.runtime.decoders import Sampling, sample
 
 
 def test_sampling():
@@ -68,9 +68,10 @@ def load_text_llm_runner():
 
 @pytest.mark.slow
 def test_executorch_text_llm_runner_runs_our_program(tiny_export):
-    from hrm_edge.generate import EagerDecoder, generate
-    from hrm_edge.tokenizer import load_tokenizer
-    from hrm_edge.checkpoint import load_model
+    from hrm_edge.model.eager import EagerDecoder
+    from hrm_edge.runtime.decoders import generate
+    from hrm_edge.train.tokenizer import load_tokenizer
+    from hrm_edge.model.checkpoint import load_model
 
     runner_mod = load_text_llm_runner()
     runner = runner_mod.TextLLMRunner(str(tiny_export / "hrm.fp32.kv.pte"), str(tiny_export / "tokenizer.json"))

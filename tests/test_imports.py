@@ -1,8 +1,9 @@
-"""Imports run one way: no cycle among hrm_edge's modules, counting every import statement (module level and
-inside functions). A module's `if __name__ == "__main__":` block is its script entry, not part of the module
-(importing the module never runs it), so it is left out: `python -m hrm_edge.parity` wires the ARM64 gate in
-there, which builds on hrm_edge.parity."""
+"""Imports run one way: no cycle among hrm_edge's modules, counting every import statement (module level, inside
+functions and in `if __name__ == "__main__":` blocks). Modules are named in full (hrm_edge.verify.parity); a
+package's __init__ is the package's own name. The runtime layer imports no torch."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import REPO
@@ -10,30 +11,29 @@ from conftest import REPO
 PACKAGE = REPO / "hrm_edge"
 
 
-def is_script_entry(node) -> bool:
-    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and isinstance(node.test.left, ast.Name)
-            and node.test.left.id == "__name__")
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported_modules(path: Path, modules: set) -> set:
-    tree = ast.parse(path.read_text())
-    skip = {id(n) for top in tree.body if is_script_entry(top) for n in ast.walk(top)}
+    """The hrm_edge modules a file imports: `from hrm_edge.x import y` counts hrm_edge.x.y when that is a module."""
     found = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("hrm_edge.")}
-        elif isinstance(node, ast.ImportFrom) and node.module == "hrm_edge":
-            found |= {a.name for a in node.names if a.name in modules}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hrm_edge."):
-            found.add(node.module.split(".")[1])
-    return found - {path.stem}
+            found |= {a.name for a in node.names if a.name.startswith("hrm_edge.")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hrm_edge"):
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found |= subs or {node.module}
+    return {m for m in found if m in modules}
 
 
-def import_graph() -> dict:
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
-    return {p.stem: imported_modules(p, modules) for p in PACKAGE.glob("*.py")}
+def import_graph(root: Path = PACKAGE) -> dict:
+    files = sorted(root.rglob("*.py"))
+    modules = {module_name(p, root) for p in files}
+    graph = {module_name(p, root): imported_modules(p, modules) for p in files}
+    # a package's __init__ importing its own modules is not a cycle with them; none of ours does
+    return {m: deps - {m} for m, deps in graph.items()}
 
 
 def find_cycles(graph: dict) -> list[list[str]]:
@@ -55,18 +55,40 @@ def find_cycles(graph: dict) -> list[list[str]]:
 def test_no_import_cycle():
     graph = import_graph()
     assert find_cycles(graph) == []
-    assert "parity" in graph["arm64"] and "arm64" not in graph["parity"]  # the one direction of issue 13
-    assert "train" not in graph["parity"] and "checkpoint" in graph["parity"]
+    assert "hrm_edge.verify.parity" in graph["hrm_edge.verify.arm64"]
+    assert "hrm_edge.verify.arm64" not in graph["hrm_edge.verify.parity"]  # the gate builds on the host gate only
 
 
-def test_the_check_finds_a_cycle(tmp_path, monkeypatch):
-    """The check above can fail: a function-level import that closes a loop is found; a script entry is not one."""
+def test_the_check_finds_a_cycle(tmp_path):
+    """The check above can fail: a function-level import or a script entry that closes a loop is found."""
     pkg = tmp_path / "hrm_edge"
-    pkg.mkdir()
-    (pkg / "a.py").write_text("from hrm_edge.b import f\n")
-    (pkg / "b.py").write_text("def f():\n    from hrm_edge import a\n")
-    (pkg / "c.py").write_text("import hrm_edge.b\nif __name__ == '__main__':\n    import hrm_edge.a\n")
-    monkeypatch.setattr(__import__(__name__), "PACKAGE", pkg)
-    graph = import_graph()
-    assert graph == {"a": {"b"}, "b": {"a"}, "c": {"b"}}
-    assert find_cycles(graph) == [["a", "b", "a"]]
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("from hrm_edge.sub.b import f\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from hrm_edge.sub import a\n")
+    (pkg / "c.py").write_text("import hrm_edge.sub.b\n")
+    (pkg / "d.py").write_text("import hrm_edge.c\nif __name__ == '__main__':\n    from hrm_edge import e\n")
+    (pkg / "e.py").write_text("from hrm_edge.d import x\n")
+    graph = import_graph(pkg)
+    assert graph["hrm_edge.sub.a"] == {"hrm_edge.sub.b"} and graph["hrm_edge.c"] == {"hrm_edge.sub.b"}
+    assert sorted(sorted(set(c)) for c in find_cycles(graph)) == [["hrm_edge.d", "hrm_edge.e"],
+                                                                  ["hrm_edge.sub.a", "hrm_edge.sub.b"]]
+
+
+def test_runtime_layer_imports_no_torch():
+    """Every module of hrm_edge.runtime imports with torch made unimportable (a phone-side Python, the ARM64
+    ONNX path): torch is loaded only when a .pte decoder is made."""
+    modules = [module_name(p, PACKAGE) for p in sorted((PACKAGE / "runtime").glob("*.py"))]
+    assert len(modules) >= 3
+    code = ("import sys; sys.modules['torch'] = None\n"
+            + "".join(f"import {m}\n" for m in modules)
+            + "assert 'torch' not in [k for k, v in sys.modules.items() if v is not None]\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_torch_check_can_fail():
+    code = "import sys; sys.modules['torch'] = None\nimport hrm_edge.model.lm\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode != 0 and "torch" in proc.stderr

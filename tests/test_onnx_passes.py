@@ -4,7 +4,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from hrm_edge.onnx_passes import hoist_loop_invariants, merge_split_concat, weights_into_body
+from hrm_edge.export.onnx_passes import hoist_loop_invariants, merge_split_concat, weights_into_body
 
 
 def _loop_model() -> onnx.ModelProto:

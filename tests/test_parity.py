@@ -12,8 +12,8 @@ import pytest
 
 from conftest import REPO
 from hrm_edge.errors import UserError
-from hrm_edge.manifest import Artifact, manifest_json, read_manifest
-from hrm_edge.parity import (FP32_TOLERANCE, Tolerance, check_artifact, compare, load_bundle, log_softmax, perplexity,
+from hrm_edge.runtime.manifest import Artifact, manifest_json, read_manifest
+from hrm_edge.verify.parity import (FP32_TOLERANCE, Tolerance, check_artifact, compare, load_bundle, log_softmax, perplexity,
                              render_report, write_bundle)
 
 N, S, V = 4, 16, 32  # 64 positions
@@ -224,7 +224,7 @@ def table_graph(path, table: np.ndarray) -> None:
 def test_check_artifact_passes_the_right_numbers_and_fails_wrong_ones(tmp_path):
     from hrm_edge.config import QuantConfig
     from hrm_edge.io import sha256_file
-    from hrm_edge.parity import tolerances
+    from hrm_edge.verify.parity import tolerances
 
     rng = np.random.default_rng(0)
     # rows beyond V are never gathered: they make the file ~270 kB, past the size rule's 256 KiB of graph room
@@ -258,9 +258,9 @@ def test_check_artifact_passes_the_right_numbers_and_fails_wrong_ones(tmp_path):
 
 # ---- what the parity module pulls in ----
 def test_parity_imports_no_torch_no_trainer_no_emulation():
-    code = ("import sys, hrm_edge.parity, hrm_edge.manifest, hrm_edge.checkpoint; "
+    code = ("import sys, hrm_edge.verify.parity, hrm_edge.runtime.manifest, hrm_edge.model.checkpoint; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m in "
-            "('hrm_edge.train', 'hrm_edge.arm64', 'hrm_edge.model', 'tqdm')))")
+            "('hrm_edge.train.loop', 'hrm_edge.verify.arm64', 'hrm_edge.model.lm', 'tqdm')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,4 @@
-"""The peers (hrm_edge.peers): ExecuTorch's and Optimum's own Llama at our shape, decoded like our programs."""
+"""The peers (hrm_edge.measure.peers): ExecuTorch's and Optimum's own Llama at our shape, decoded like our programs."""
 import subprocess
 import sys
 
@@ -8,12 +8,12 @@ import pytest
 from conftest import REPO
 from test_cli_errors import assert_user_error
 
-from hrm_edge.generate import decode_logits, generate
-from hrm_edge.peers import (PEER_FILES, PeerShape, build_peers, measure_peer_decode_child, parse_shape_overrides,
+from hrm_edge.runtime.decoders import decode_logits, generate
+from hrm_edge.measure.peers import (PEER_FILES, PeerShape, build_peers, measure_peer_decode_child, parse_shape_overrides,
                             peer_decoder)
 
 TINY = PeerShape(d_model=64, n_heads=4, ffn_hidden=192, n_layers=2, vocab_size=512, max_seq_len=64)
-# what hrm_edge.bench's measure_decode_one returns, so a peer row sits in the same table as ours
+# what hrm_edge.measure.bench's measure_decode_one returns, so a peer row sits in the same table as ours
 BENCH_DECODE_KEYS = {"artifact", "threads", "prompt_len", "new_tokens", "weight_cache", "load_s", "ttft_ms",
                      "prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_mb"}
 
@@ -50,7 +50,7 @@ def test_missing_extra_is_one_line_naming_it(tmp_path):
     (tmp_path / "ckpt" / "config.json").write_text('{"d_model": 64, "n_heads": 4, "vocab_size": 512, "max_seq_len": 64}')
     # `import transformers` raises ImportError in this interpreter, as where the extra is not installed
     code = ("import sys; sys.modules['transformers'] = None\n"
-            "from hrm_edge.errors import run_cli\nfrom hrm_edge.peers import main\n"
+            "from hrm_edge.errors import run_cli\nfrom hrm_edge.measure.peers import main\n"
             f"run_cli(main, [{str(tmp_path / 'ckpt')!r}, '--out', {str(tmp_path / 'peers')!r}])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert_user_error(proc, "transformers", "pip install '.[peers]'")

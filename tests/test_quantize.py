@@ -2,12 +2,12 @@ import numpy as np
 import pytest
 import torch
 
-from hrm_edge.calibrate import BLOCK_LINEARS, activation_ranges, make_calibration_set
+from hrm_edge.export.calibrate import BLOCK_LINEARS, activation_ranges, make_calibration_set
 from hrm_edge.config import DataConfig, ModelConfig
 from hrm_edge.errors import UserError
-from hrm_edge.model import HRMLM
-from hrm_edge.quantize import activation_qparams, fake_quant_activation, static_int8_reference, static_plan, weight_qparams
-from hrm_edge.tokenizer import train_tokenizer
+from hrm_edge.model.lm import HRMLM
+from hrm_edge.export.quantize import activation_qparams, fake_quant_activation, static_int8_reference, static_plan, weight_qparams
+from hrm_edge.train.tokenizer import train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_calibration_set_is_deterministic(tok, text_corpus):
 
 
 def test_calibration_never_uses_validation_text(tok, text_corpus):
-    from hrm_edge.data import encode_documents, load_corpus
+    from hrm_edge.train.dataset import encode_documents, load_corpus
 
     cfg = DataConfig(corpus=str(text_corpus))
     windows, _ = make_calibration_set(tok, cfg, samples=20, seq_len=16, seed=0)
@@ -88,7 +88,7 @@ def test_static_reference_per_step_scales_are_used():
 def test_table_qparams_column_equalization():
     """The tied table's int8 form (per-row x per-column scales) reconstructs a table with a few large
     columns better than per-row scales alone, and stays int8 with |q| <= 127."""
-    from hrm_edge.quantize import table_qparams
+    from hrm_edge.export.quantize import table_qparams
 
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((64, 16)) * np.where(np.arange(16) < 2, 8.0, 1.0)).astype(np.float32)
@@ -101,7 +101,7 @@ def test_table_qparams_column_equalization():
 
 
 def test_static_plan_keeps_named_linears_fp32():
-    from hrm_edge.quantize import parse_linear_names, static_int8_names
+    from hrm_edge.export.quantize import parse_linear_names, static_int8_names
 
     torch.manual_seed(0)
     model = HRMLM(ModelConfig(vocab_size=97, d_model=32, n_heads=4, max_seq_len=32, H_cycles=1, L_cycles=1)).eval()
@@ -118,7 +118,7 @@ def test_static_plan_keeps_named_linears_fp32():
 
 def test_quantization_records_describe_each_mode():
     """The manifest's description of each int8 mode (one definition per mode, in quantize.py)."""
-    from hrm_edge.quantize import dynamic_quantization, pt2e_quantization, static_onnx_quantization
+    from hrm_edge.export.quantize import dynamic_quantization, pt2e_quantization, static_onnx_quantization
 
     torch.manual_seed(0)
     model = HRMLM(ModelConfig(vocab_size=97, d_model=32, n_heads=4, max_seq_len=32, H_cycles=1, L_cycles=1)).eval()

@@ -20,13 +20,13 @@ import torch
 
 from conftest import REPO, run_module
 from test_cli_errors import assert_user_error  # exit 2, no traceback, one `error:` line with each needle
-from hrm_edge.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_model, save_model
+from hrm_edge.model.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_model, save_model
 from hrm_edge.config import ModelConfig, QuantConfig, load_preset
 from hrm_edge.errors import UserError
 from hrm_edge.io import (atomic_write_bytes, folder_lock, one_line_write_errors, publish, sha256_file, staging_folder,
                          write_failure)
-from hrm_edge.manifest import Artifact, contained_path, manifest_json, read_manifest, verify_files
-from hrm_edge.model import HRMLM
+from hrm_edge.runtime.manifest import Artifact, contained_path, manifest_json, read_manifest, verify_files
+from hrm_edge.model.lm import HRMLM
 
 SHIPPED_TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
 FAKE_KV = "hrm.fp32.kv.onnx"  # bytes that are not ONNX: what an edited artifact run with --no-verify looks like
@@ -35,8 +35,8 @@ FAKE_KV = "hrm.fp32.kv.onnx"  # bytes that are not ONNX: what an edited artifact
 def mini_export(root: Path) -> Path:
     """A small consistent export folder: a random tiny model (config.json, model.safetensors), the shipped
     tokenizer, a parity bundle, and one fake KV-cache ONNX artifact; every file listed with its sha256."""
-    from hrm_edge.parity import tolerances
-    from hrm_edge.tokenizer import bos_id, eos_id, load_tokenizer
+    from hrm_edge.verify.parity import tolerances
+    from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
 
     root.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(SHIPPED_TOKENIZER)
@@ -200,7 +200,7 @@ def test_parity_reports_modified_weights_by_name(export_dir):
 
 def test_demo_uses_the_shared_check(export_dir):
     """The demo serves only verified files; a listed web bundle is checked like an artifact."""
-    from hrm_edge.demo import export_routes
+    from hrm_edge.app.demo import export_routes
 
     (export_dir / "web_bundle.bin").write_bytes(b"web bundle bytes")
     edit_manifest(export_dir, lambda m: m.update(web_bundle={"path": "web_bundle.bin",
@@ -263,7 +263,7 @@ def test_checkpoint_whose_config_does_not_fit_its_weights(tmp_path):
 def test_bad_presets_are_one_line(tmp_path, table, values, needle):
     import tomllib
 
-    raw = tomllib.loads((REPO / "export" / "presets" / "tiny.toml").read_text())
+    raw = tomllib.loads((REPO / "hrm_edge" / "train" / "presets" / "tiny.toml").read_text())
     raw[table] = raw.get(table, {}) | values
     path = tmp_path / "bad.toml"
     path.write_text("\n".join(f"[{t}]\n" + "\n".join(f"{k} = {toml_value(v)}" for k, v in kv.items())
@@ -283,7 +283,7 @@ def toml_value(v) -> str:
 
 def test_a_bad_preset_through_the_cli(tmp_path):
     path = tmp_path / "bad.toml"
-    path.write_text((REPO / "export" / "presets" / "tiny.toml").read_text().replace("n_heads = 4", "n_heads = 0"))
+    path.write_text((REPO / "hrm_edge" / "train" / "presets" / "tiny.toml").read_text().replace("n_heads = 4", "n_heads = 0"))
     assert_user_error(run_module("hrm_edge.train", "--preset", path, "--out", tmp_path / "o"), "n_heads must be > 0")
     assert_user_error(run_module("hrm_edge.export", "--preset", path, "--out", tmp_path / "o2"), "n_heads must be > 0")
 
@@ -299,7 +299,7 @@ def test_config_json_that_is_not_json(tmp_path):
 
 def test_corpus_smaller_than_one_window(tmp_path, text_corpus):
     preset = tmp_path / "long.toml"
-    preset.write_text((REPO / "export" / "presets" / "tiny.toml").read_text()
+    preset.write_text((REPO / "hrm_edge" / "train" / "presets" / "tiny.toml").read_text()
                       .replace("seq_len = 64", "seq_len = 4000").replace("max_seq_len = 128", "max_seq_len = 4096"))
     proc = run_module("hrm_edge.train", "--preset", preset, "--corpus", text_corpus, "--out", tmp_path / "o",
                       "--no-progress")
@@ -316,7 +316,7 @@ def test_out_that_holds_other_files_is_refused(tmp_path):
 
 
 def test_an_export_folder_or_the_checkpoint_itself_is_accepted(tmp_path, export_dir):
-    from hrm_edge.export import EXPORT_MARKER, check_output_folder
+    from hrm_edge.export.pipeline import EXPORT_MARKER, check_output_folder
 
     check_output_folder(tmp_path / "new", None)  # created
     check_output_folder(export_dir, None)  # has a manifest
@@ -331,7 +331,7 @@ def test_an_export_folder_or_the_checkpoint_itself_is_accepted(tmp_path, export_
 def test_a_second_export_into_a_locked_folder_is_refused(tmp_path):
     """The lock is held here (as a running export holds it); an export started meanwhile refuses, naming the
     holder's pid; once released the same command gets past the lock."""
-    from hrm_edge.export import EXPORT_MARKER
+    from hrm_edge.export.pipeline import EXPORT_MARKER
 
     out = tmp_path / "out"
     out.mkdir()
@@ -345,7 +345,7 @@ def test_a_second_export_into_a_locked_folder_is_refused(tmp_path):
 
 
 def test_a_stale_lock_of_a_killed_export_is_taken_over(tmp_path):
-    from hrm_edge.export import EXPORT_MARKER, STAGING
+    from hrm_edge.export.pipeline import EXPORT_MARKER, STAGING
 
     out = tmp_path / "out"
     out.mkdir()
@@ -497,7 +497,7 @@ def parity_numbers(art: Artifact) -> dict:
 
 @pytest.mark.slow
 def test_two_exports_are_byte_identical_but_ort_and_pte_layout(two_full_exports):
-    from hrm_edge.manifest import expected_sha256
+    from hrm_edge.runtime.manifest import expected_sha256
 
     first, second = (read_manifest(d) for d in two_full_exports)
     a, b = expected_sha256(first), expected_sha256(second)

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from conftest import run_module
-from hrm_edge.study import BUDGETS, study_entries
+from hrm_edge.measure.study import BUDGETS, study_entries
 from test_cli_errors import assert_user_error
 
 

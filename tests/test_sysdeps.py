@@ -5,7 +5,7 @@ Nothing here installs anything: the decisions are pure functions of what is pres
 import pytest
 
 from hrm_edge.errors import UserError
-from hrm_edge.sysdeps import NEEDS, apt_command, packages_to_install
+from hrm_edge.verify.sysdeps import NEEDS, apt_command, packages_to_install
 
 ALL = {n.label for n in NEEDS}
 

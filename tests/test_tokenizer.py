@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from hrm_edge.tokenizer import EOS, save_tokenizer, train_tokenizer
+from hrm_edge.train.tokenizer import EOS, save_tokenizer, train_tokenizer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 SAMPLES = [

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig, load_preset
-from hrm_edge.data import load_corpus, random_batch
+from hrm_edge.train.dataset import load_corpus, random_batch
 from hrm_edge.errors import UserError
-from hrm_edge.train import train
+from hrm_edge.train.loop import train
 
 
 def small_preset(corpus, steps=60):
@@ -80,7 +80,7 @@ def test_training_speed_choices_are_measured(tmp_path):
                                              "bf16 autocast + torch.compile"]
     assert all(r.get("tokens_per_s", 0) > 0 for r in rows[:2]), rows
     assert rows[0]["vs_fp32"] == 1.0
-    from hrm_edge.train import native_bf16
+    from hrm_edge.train.loop import native_bf16
     import torch
     for row in rows[2:]:  # measured where the CPU has native bf16, listed with the reason where it has not
         assert (row.get("tokens_per_s", 0) > 0) if native_bf16(torch.device("cpu")) else \

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from hrm_edge.errors import UserError
-from hrm_edge.parity import FP32_TOLERANCE, Tolerance, compare
-from hrm_edge.web_bundle import MAX_BYTES, check_web_bundle, read_web_bundle, web_bundle_bytes, write_web_bundle
+from hrm_edge.verify.parity import FP32_TOLERANCE, Tolerance, compare
+from hrm_edge.verify.web_bundle import MAX_BYTES, check_web_bundle, read_web_bundle, web_bundle_bytes, write_web_bundle
 
 
 def synthetic_export(vocab=512, windows=8, seq=128, prefill=32, seed=0):

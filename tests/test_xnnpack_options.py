@@ -1,4 +1,4 @@
-"""XNNPACK's weight cache set from Python (hrm_edge.xnnpack_options): the option reaches the runtime, a weight
+"""XNNPACK's weight cache set from Python (hrm_edge.runtime.xnnpack_options): the option reaches the runtime, a weight
 shared by several operators is then packed once (resident memory), and results are bit-identical."""
 import json
 import subprocess
@@ -15,7 +15,7 @@ CHILD = """
 import json, sys
 import torch
 from executorch.runtime import Runtime
-from hrm_edge.xnnpack_options import set_weight_cache
+from hrm_edge.runtime.xnnpack_options import set_weight_cache
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 set_weight_cache(sys.argv[2] == "on")
@@ -27,7 +27,7 @@ print(json.dumps({"mb": rss_mb() - before, "out": out.double().sum().item(), "fi
 
 
 def test_the_option_reads_back():
-    from hrm_edge.xnnpack_options import set_weight_cache, weight_cache_enabled
+    from hrm_edge.runtime.xnnpack_options import set_weight_cache, weight_cache_enabled
 
     was = weight_cache_enabled()
     try:
@@ -80,8 +80,8 @@ def test_a_shared_weight_is_packed_once_with_the_cache(shared_linear_pte):
 
 @pytest.mark.slow
 def test_kv_programs_decode_identically_with_the_cache(tiny_export):
-    from hrm_edge.generate import PteDecoder, decode_logits
-    from hrm_edge.xnnpack_options import set_weight_cache
+    from hrm_edge.runtime.decoders import PteDecoder, decode_logits
+    from hrm_edge.runtime.xnnpack_options import set_weight_cache
 
     tokens = np.random.default_rng(0).integers(0, 256, size=(2, 24))  # [N, S]
     for name in ("hrm.fp32.kv.pte", "hrm.int8-dynamic.kv.pte"):

@@ -6,7 +6,7 @@ import java.util.Map;
 /**
  * ExecuTorch's LlmCallback.onStats(json) (extension/llm/runner/stats.h, executorch 1.4.1): times in ms since
  * an arbitrary origin, token counts, and SCALING_FACTOR_UNITS_PER_SECOND (1000). Decode speed is computed
- * here like hrm_edge.generate.Generation: the first new token comes from the prefill, so
+ * here like hrm_edge.runtime.decoders.Generation: the first new token comes from the prefill, so
  * (generated - 1) / (inference_end - first_token).
  */
 public final class GenerationStats {

@@ -5,7 +5,7 @@ import java.util.List;
 import java.util.Locale;
 
 /**
- * The parity numbers of hrm_edge.parity.compare, computed the same way: max |logits - ref| against
+ * The parity numbers of hrm_edge.verify.parity.compare, computed the same way: max |logits - ref| against
  * rel_max_abs x (ref max - ref min), top-1 agreement (first maximum on ties, like numpy's argmax) and the
  * perplexity ratio, with log-softmax in double precision.
  */

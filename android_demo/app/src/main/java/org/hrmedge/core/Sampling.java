@@ -2,7 +2,7 @@ package org.hrmedge.core;
 
 import java.util.Random;
 
-/** Greedy / temperature / top-k sampling with hrm_edge/generate.py's semantics (temperature 0 = argmax). */
+/** Greedy / temperature / top-k sampling with hrm_edge/runtime/decoders.py's semantics (temperature 0 = argmax). */
 public final class Sampling {
     private Sampling() {}
 

@@ -7,7 +7,7 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * The web parity bundle written by hrm_edge/web_bundle.py: a few validation windows and their fp32 eager
+ * The web parity bundle written by hrm_edge/verify/web_bundle.py: a few validation windows and their fp32 eager
  * logits. Layout (little-endian): "HRMWEB01", uint32 header length H, H bytes of JSON header, then float32
  * logits [samples, seqLen, vocab] at header.logits_offset.
  */

@@ -9,7 +9,7 @@ import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
 /**
- * The 3 most likely next words, as the browser demo computes them (hrm_edge/web/js/suggest.mjs): for the
+ * The 3 most likely next words, as the browser demo computes them (hrm_edge/app/web/js/suggest.mjs): for the
  * most likely next tokens, extend each greedily until its word has ended, rank words by the product of
  * their tokens' probabilities (summed over token paths spelling the same word). The text's last token is
  * taken back first ("token healing"): "def " ends in a lone space token the model rarely saw, so the

@@ -10,7 +10,7 @@ import java.nio.charset.StandardCharsets;
 import org.junit.Test;
 
 public class WebBundleTest {
-    /** A bundle laid out like hrm_edge/web_bundle.py writes it: 1 window of 2 tokens, vocabulary 3. */
+    /** A bundle laid out like hrm_edge/verify/web_bundle.py writes it: 1 window of 2 tokens, vocabulary 3. */
     static byte[] bundleBytes(float[] logits) {
         String header = "{\"format_version\":1,\"samples\":1,\"seq_len\":2,\"vocab_size\":3,\"prefill_len\":1,"
                 + "\"windows\":[[0,2,1]],\"logits_offset\":OFFSET,\"tolerances\":{"

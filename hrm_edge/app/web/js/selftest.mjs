@@ -1,5 +1,5 @@
-// Self-test: run the web parity bundle (hrm_edge/web_bundle.py) through the model on this device and
-// compare with the fp32 eager logits the export computed, exactly as hrm_edge.parity.compare does:
+// Self-test: run the web parity bundle (hrm_edge/verify/web_bundle.py) through the model on this device and
+// compare with the fp32 eager logits the export computed, exactly as hrm_edge.verify.parity.compare does:
 // max |logits - ref| <= rel_max_abs x (ref max - ref min), top-1 agreement >= min_top1, perplexity ratio
 // <= max_ppl_ratio, with the tolerances the export wrote into the bundle (from its manifest).
 import { fetchOk, row } from "./model.mjs";
@@ -24,7 +24,7 @@ export async function loadWebBundle(url) {
 }
 
 // Logits of every position of every window [N * S * V]: prefill prefill_len tokens, then one decode step
-// per remaining token (hrm_edge.generate.decode_logits).
+// per remaining token (hrm_edge.runtime.decoders.decode_logits).
 export async function runBundle(model, bundle, onProgress = () => {}) {
   const { samples: n, seq_len: s, vocab_size: v, prefill_len: prefill } = bundle.header;
   const logits = new Float32Array(n * s * v);
@@ -56,7 +56,7 @@ function perplexity(logits, bundle) {
   return Math.exp(nll / (n * s));
 }
 
-// The numbers and verdict of hrm_edge.parity.compare for logits vs the bundle's reference.
+// The numbers and verdict of hrm_edge.verify.parity.compare for logits vs the bundle's reference.
 export function compare(logits, bundle, tolerance) {
   const ref = bundle.logits, v = bundle.header.vocab_size;
   let maxAbs = 0, refMin = Infinity, refMax = -Infinity, agree = 0, finite = true;

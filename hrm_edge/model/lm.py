@@ -28,7 +28,7 @@ Caches share one interface, update(t, positions, k, v) -> the keys/values block 
     NoCache         full sequence (training, the parity reference)
     KVCache         T pairs of in-place buffers [B, H, L, hd]: eager decoding
     StackedKVCache  the ONNX decode graph's past [T, B, H, P, hd] in, present [T, B, H, P + S, hd] out
-and hrm_edge.export_executorch adds the ExecuTorch program's cache on its runtime's LLM custom ops.
+and hrm_edge.export.executorch adds the ExecuTorch program's cache on its runtime's LLM custom ops.
 """
 from __future__ import annotations
 

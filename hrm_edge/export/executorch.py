@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from hrm_edge.io import atomic_write_bytes
-from hrm_edge.model import HRMLM, DecodeForm, TracedForm, cache_steps
+from hrm_edge.model.lm import HRMLM, DecodeForm, TracedForm, cache_steps
 
 class ExecuTorchKVCache(torch.nn.Module):
     """The KV cache on ExecuTorch's LLM custom ops: one pair of buffers [B, L, H, hd] per block application
@@ -82,7 +82,7 @@ def quantized_for_pte(model: HRMLM, precision: str) -> torch.nn.Module:
     """The model a quantized .pte is lowered from (and its eager reference): the head untied first, so that
     it is quantized and delegated like every other linear. precision: "int8" (8-bit dynamic activations x
     int8 weights) or "int4" (8-bit dynamic activations x 4-bit grouped weights)."""
-    from hrm_edge.quantize import dynamic_int4_model, dynamic_int8_model
+    from hrm_edge.export.quantize import dynamic_int4_model, dynamic_int8_model
 
     return (dynamic_int8_model if precision == "int8" else dynamic_int4_model)(untie_head(model))
 
@@ -124,7 +124,7 @@ def export_pte(model: HRMLM, path: Path, bos_id: int, eos_id: int, n_cycles: int
                traced: torch.nn.Module | None = None) -> Path:
     """Write an XNNPACK-lowered .pte: forward(tokens [1, S] int64) -> logits [1, S, V], 1 <= S <= max_seq_len.
 
-    `model` may be an int8 model from hrm_edge.quantize (dynamic_int8_model): its quantized linears are
+    `model` may be an int8 model from hrm_edge.export.quantize (dynamic_int8_model): its quantized linears are
     delegated as XNNPACK int8 GEMMs and its Int8TiedEmbedding stays one int8 constant. `traced`, if
     given, is the tokens -> logits module to export instead (a PT2E-converted graph of `model`)."""
     cfg = model.cfg
@@ -140,7 +140,7 @@ def export_pte_decode(model: HRMLM, path: Path, bos_id: int, eos_id: int, n_cycl
     """Write the KV-cache program of ExecuTorch's text-LLM runner contract:
     forward(tokens [1, S] int64, input_pos [1] int64) -> logits [1, S, V], 1 <= S < max_seq_len, the T
     per-application K/V caches as mutable buffers updated in place, metadata as constant methods.
-    `model` may be an int8 model from hrm_edge.quantize (quantized after untie_head, so its head is an int8
+    `model` may be an int8 model from hrm_edge.export.quantize (quantized after untie_head, so its head is an int8
     linear). n_cycles: outer cycles (depth dial; None = all)."""
     cfg = model.cfg
     model = untie_head(model) if model.head is None else model

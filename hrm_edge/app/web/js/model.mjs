@@ -1,15 +1,15 @@
 // The tokenizer and the ONNX KV-cache graph in the browser (onnxruntime-web, WASM backend).
 //
-// The graph (hrm_edge/export_onnx.py, "kv_cache" program):
+// The graph (hrm_edge/export/onnx.py, "kv_cache" program):
 //   inputs  tokens int64 [1, S], past_k / past_v float32 [T, 1, H, P, hd]
 //   outputs logits float32 [1, S, V], present_k / present_v [T, 1, H, P + S, hd]
 // A call's presents are the next call's pasts. Pasts are immutable values, so branching (trying several
-// next tokens for suggestions) is just calling again with the same past. Python twin: hrm_edge/generate.py
+// next tokens for suggestions) is just calling again with the same past. Python twin: hrm_edge/runtime/decoders.py
 // OnnxDecoder.
 import * as ort from "onnxruntime-web";
 import { Tokenizer } from "@huggingface/tokenizers";
 
-// The WASM runtime files are served next to ort.wasm.min.mjs (hrm_edge/demo.py VENDOR_FILES).
+// The WASM runtime files are served next to ort.wasm.min.mjs (hrm_edge/app/demo.py VENDOR_FILES).
 ort.env.wasm.wasmPaths = "/vendor/ort/";
 const threads = new URLSearchParams(location.search).get("threads");
 if (threads !== null) ort.env.wasm.numThreads = Number(threads);
@@ -18,7 +18,7 @@ export async function loadTokenizer(url) {
   const json = await fetchOk(url).then((r) => r.json());
   const tokenizer = new Tokenizer(json, {});
   return {
-    // add_special_tokens false and skip_special_tokens true: what hrm_edge.complete does in Python
+    // add_special_tokens false and skip_special_tokens true: what hrm_edge.app.complete does in Python
     encode: (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
     decode: (ids) => tokenizer.decode(ids, { skip_special_tokens: true }),
   };

@@ -19,8 +19,8 @@ import onnx
 import torch
 
 from hrm_edge.io import atomic_write_bytes, atomic_write_text
-from hrm_edge.model import HRMLM, FunctionalDecodeForm, RMSNorm, TracedForm, cache_steps
-from hrm_edge.onnx_passes import hoist_loop_invariants, loop_and_body, merge_split_concat, names_read, weights_into_body
+from hrm_edge.model.lm import HRMLM, FunctionalDecodeForm, RMSNorm, TracedForm, cache_steps
+from hrm_edge.export.onnx_passes import hoist_loop_invariants, loop_and_body, merge_split_concat, names_read, weights_into_body
 
 
 def strip_debug_metadata(graph: onnx.GraphProto) -> None:

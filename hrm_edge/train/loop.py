@@ -31,13 +31,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from hrm_edge.checkpoint import OPTIMIZER, STATE, TOKENIZER, load_model, load_optimizer, save_checkpoint
+from hrm_edge.model.checkpoint import OPTIMIZER, STATE, TOKENIZER, load_model, load_optimizer, save_checkpoint
 from hrm_edge.config import Preset, load_preset
-from hrm_edge.data import Corpus, bytes_per_token, encode_documents, fixed_windows, load_corpus, random_batch
+from hrm_edge.train.dataset import Corpus, bytes_per_token, encode_documents, fixed_windows, load_corpus, random_batch
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text, check_writable_dir
-from hrm_edge.model import HRMLM, parameter_counts
-from hrm_edge.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+from hrm_edge.model.lm import HRMLM, parameter_counts
+from hrm_edge.train.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
 
 @dataclass
@@ -379,7 +379,7 @@ def main(argv=None) -> int:
         epilog="data parallel on N processes (same global batch, split across them; NCCL on GPUs, gloo on CPU):\n"
                "  torchrun --nproc_per_node=N -m hrm_edge.train --preset tiny --out runs/tiny [--resume]\n"
                "the preset's batch_size must be divisible by N; rank 0 writes the checkpoint and the logs")
-    p.add_argument("--preset", default="default", help="preset name in export/presets/ or a .toml path (default: default)")
+    p.add_argument("--preset", default="default", help="preset name in hrm_edge/train/presets/ or a .toml path (default: default)")
     p.add_argument("--out", type=Path, help="checkpoint folder to write (created if missing); required unless --speed-test")
     p.add_argument("--corpus", help="text file or folder of UTF-8 text files (default: the Python stdlib source)")
     p.add_argument("--steps", type=int, help="override the preset's number of optimizer steps")
@@ -440,7 +440,3 @@ def main(argv=None) -> int:
         last = state["history"][-1]
         print(f"done: step {state['step']}, val loss {last['val_loss']:.4f}, bpb {last['val_bits_per_byte']:.4f} -> {a.out}")
     return 0
-
-
-if __name__ == "__main__":
-    run_cli(main)

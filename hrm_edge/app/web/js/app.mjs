@@ -1,5 +1,5 @@
 // The page: wires the text box, suggestion bar, Complete button and Self-test to the modules above.
-// Everything runs in this browser; the server (hrm_edge/demo.py) only hands out files. /demo.json says
+// Everything runs in this browser; the server (hrm_edge/app/demo.py) only hands out files. /demo.json says
 // which models, tokenizer and web parity bundle this export has.
 import { generate } from "./generate.mjs";
 import { KvModel, fetchOk, loadTokenizer, runtimeInfo } from "./model.mjs";

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hrm_edge.calibrate import BLOCK_LINEARS
+from hrm_edge.export.calibrate import BLOCK_LINEARS
 
 INT8_MIN, INT8_MAX = -128, 127
 
@@ -242,7 +242,7 @@ def static_int8_pt2e_model(model, calib_windows: np.ndarray):
                                                                         get_symmetric_quantization_config)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-    from hrm_edge.model import TracedForm
+    from hrm_edge.model.lm import TracedForm
 
     q = copy.deepcopy(model).eval()
     q.embed = Int8TiedEmbedding(model.embed.weight)

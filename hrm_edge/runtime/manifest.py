@@ -1,7 +1,7 @@
 """The export folder's manifest.json: its file names, its format version, and the record of one artifact.
 
 The manifest is the contract between the export, the parity gate, the ARM64 check, bench and complete: it
-is read here (read_manifest) and written by the gate (hrm_edge.parity.write_manifest). In memory its
+is read here (read_manifest) and written by the gate (hrm_edge.verify.parity.write_manifest). In memory its
 "artifacts" are Artifact records; JSON only at the boundary (Artifact.to_json / from_json, which
 round-trip a manifest's entries exactly: the same keys and values, absent optional keys left out).
 numpy-free and torch-free: a phone-side check imports it.
@@ -45,7 +45,7 @@ class Artifact:
     fp32_reference: str | None = None  # bundle key of its fp32 reference when not the full depth's
     reference: str | None = None  # int8: name of its eager int8 reference in the bundle
     weight_bytes: int | None = None  # int8: its own weight bytes (size rule); else the model's unique bytes
-    quantization: dict | None = None  # int8: hrm_edge.quantize's record of the mode
+    quantization: dict | None = None  # int8: hrm_edge.export.quantize's record of the mode
     mobile_usability: dict | None = None  # ONNX: check_onnx_model_mobile_usability's verdict
     converted_from: str | None = None  # .ort: the ONNX file it was converted from
     # .pte: copies of the tied embedding table it stores (2: the gather's and the XNNPACK head's, which decodes
@@ -54,7 +54,7 @@ class Artifact:
     bytes: int | None = None  # file size and digest (set once the file is final; always in a manifest)
     sha256: str | None = None
     parity: dict | None = None  # {host target: check result}
-    targets: dict | None = None  # {target: {CPU model: check result}} (hrm_edge.arm64)
+    targets: dict | None = None  # {target: {CPU model: check result}} (hrm_edge.verify.arm64)
 
     @classmethod
     def new(cls, path: Path | str, fmt: str, precision: str, program: str, iteration: str, **optional) -> "Artifact":

@@ -1,4 +1,4 @@
-// Sampling and the prefill + decode loop, with the semantics of hrm_edge/generate.py (sample, generate):
+// Sampling and the prefill + decode loop, with the semantics of hrm_edge/runtime/decoders.py (sample, generate):
 // temperature 0 is greedy (argmax, the first maximum on ties, like numpy), so a greedy completion here
 // equals `python -m hrm_edge.complete --runtime onnx` token for token. Sampled completions use this page's
 // own seeded generator, so they are reproducible here but not the same draws as numpy's.

@@ -38,7 +38,7 @@ def make_calibration_set(tok, data_cfg: DataConfig, samples: int, seq_len: int, 
                          calib_corpus: str | None = None, corpus=None) -> tuple[np.ndarray, CalibrationRecord]:
     """Windows [samples, seq_len] int64 drawn with `seed` from the calibration split (or all of calib_corpus).
     corpus: the already loaded Corpus of data_cfg, if the caller has it (saves reading it again)."""
-    from hrm_edge.data import encode_documents, load_corpus
+    from hrm_edge.train.dataset import encode_documents, load_corpus
 
     if samples < 1:
         raise UserError("--calib-samples must be >= 1")

@@ -21,16 +21,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hrm_edge.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, configs_for, copy_model_files, load_model,
+from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, configs_for, copy_model_files, load_model,
                                  load_train_state)
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
                          sha256_file, staging_folder)
-from hrm_edge.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact, manifest_json
-from hrm_edge.parity import eager_logits, perplexity, run_gate, tolerances, write_bundle
+from hrm_edge.runtime.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact, manifest_json
+from hrm_edge.verify.parity import eager_logits, perplexity, run_gate, tolerances, write_bundle
 
 DEFAULT_OUT = Path("export/out")
-SHIPPED_CHECKPOINT = Path(__file__).resolve().parent / "default_model"
+SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_model"
 INT8_MODES = ("static", "static-shared", "dynamic", "pt2e", "8da4w")
 GREEDY_NEW_TOKENS = 64  # decode parity: this many greedy tokens must match eager fp32 exactly
 
@@ -179,7 +179,7 @@ def export_stages(out: Path, staging: Path, options: ExportOptions, log=print) -
 def prepare_checkpoint(out: Path, options: ExportOptions, log=print, staging: Path | None = None) -> ExportRun:
     """The checkpoint (given, or trained from the preset into out/checkpoint), its model and tokenizer, and a
     copy of its files in `staging`, where the run writes (default: `out` itself)."""
-    from hrm_edge.tokenizer import load_tokenizer
+    from hrm_edge.train.tokenizer import load_tokenizer
 
     out = check_writable_dir(out)
     staging = out if staging is None else staging
@@ -213,8 +213,8 @@ def prepare_checkpoint(out: Path, options: ExportOptions, log=print, staging: Pa
 def _train_preset(out: Path, options: ExportOptions, log) -> tuple:
     """Train the preset into out/checkpoint. Returns (checkpoint, data config, quant config, seq_len)."""
     from hrm_edge.config import load_preset
-    from hrm_edge.quantize import parse_linear_names
-    from hrm_edge.train import train
+    from hrm_edge.export.quantize import parse_linear_names
+    from hrm_edge.train.loop import train
 
     preset = load_preset(options.preset or "default")
     preset.override(options.corpus, options.steps)
@@ -230,7 +230,7 @@ def _train_preset(out: Path, options: ExportOptions, log) -> tuple:
 def build_parity_set(run: ExportRun) -> None:
     """The parity inputs: held-out validation windows (never training or calibration text), and the eager fp32
     logits every artifact is compared with."""
-    from hrm_edge.data import encode_documents, fixed_windows, load_corpus
+    from hrm_edge.train.dataset import encode_documents, fixed_windows, load_corpus
 
     _stage("building the parity set from the validation split", run.log)
     run.corpus = load_corpus(run.data_cfg, required_splits=("val",))  # an export reads no training text
@@ -275,7 +275,7 @@ def export_fp32_onnx(run: ExportRun) -> None:
     """fp32 ONNX graphs: full-sequence and KV-cache."""
     if "onnx" not in run.options.formats:
         return
-    from hrm_edge.export_onnx import export_onnx, export_onnx_decode
+    from hrm_edge.export.onnx import export_onnx, export_onnx_decode
 
     cfg = run.cfg
     loop = "onnx_loop" if cfg.arch == "hrm" else "unrolled"
@@ -292,7 +292,7 @@ def export_int8(run: ExportRun) -> None:
     lowered by a .pte worker (pte_jobs)."""
     if not run.int8:
         return
-    from hrm_edge.quantize import parse_linear_names
+    from hrm_edge.export.quantize import parse_linear_names
 
     fp32_linears = parse_linear_names(run.quant_cfg.static_fp32_linears)
     calibrate(run)
@@ -307,7 +307,7 @@ def export_int8(run: ExportRun) -> None:
 
 def calibrate(run: ExportRun) -> None:
     """The calibration set (calibration_set.npz) and per-step activation ranges (calibration.json)."""
-    from hrm_edge.calibrate import activation_ranges, make_calibration_set, save_calibration_set
+    from hrm_edge.export.calibrate import activation_ranges, make_calibration_set, save_calibration_set
 
     samples = run.options.calib_samples or run.quant_cfg.calib_samples
     _stage(f"calibrating: {samples} windows of {run.seq_len} tokens, ranges per iteration step", run.log)
@@ -324,8 +324,8 @@ def export_static_int8_onnx(run: ExportRun, fp32_linears: tuple) -> None:
     """Static int8 inside the Loop body, with activation scales per iteration step (static: + the KV-cache
     graph) and/or one scale shared by every step (static-shared: a comparison; on the default model it misses
     the top-1 gate that per-step scales pass, so it is opt-in)."""
-    from hrm_edge.export_onnx import quantize_static_int8
-    from hrm_edge.quantize import (int8_weight_bytes, static_int8_names, static_int8_reference, static_onnx_quantization,
+    from hrm_edge.export.onnx import quantize_static_int8
+    from hrm_edge.export.quantize import (int8_weight_bytes, static_int8_names, static_int8_reference, static_onnx_quantization,
                                    static_plan)
 
     model, tokens = run.model, run.windows[:, :-1]
@@ -349,9 +349,9 @@ def export_pt2e_program(run: ExportRun) -> None:
     """The opt-in static PT2E int8 ExecuTorch program (calibrated, XNNPACK), built in this process."""
     import torch
 
-    from hrm_edge.export_executorch import export_pte
-    from hrm_edge.quantize import all_linear_int8_names, int8_weight_bytes, pt2e_quantization, static_int8_pt2e_model
-    from hrm_edge.tokenizer import bos_id, eos_id
+    from hrm_edge.export.executorch import export_pte
+    from hrm_edge.export.quantize import all_linear_int8_names, int8_weight_bytes, pt2e_quantization, static_int8_pt2e_model
+    from hrm_edge.train.tokenizer import bos_id, eos_id
 
     tokens = run.windows[:, :-1]
     t = _stage("static int8 ExecuTorch program (PT2E XNNPACKQuantizer, calibrated, XNNPACK)", run.log)
@@ -389,7 +389,7 @@ def export_depth_dial(run: ExportRun) -> None:
             continue  # the full depth is the export's main artifacts
         run.references[f"fp32.c{k}"] = logits
         if "onnx" in run.options.formats:
-            from hrm_edge.export_onnx import export_onnx
+            from hrm_edge.export.onnx import export_onnx
 
             t = _stage(f"depth dial: ONNX graph with {k} of {cfg.H_cycles} outer cycles", run.log)
             path = export_onnx(model, run.out / f"hrm.fp32.c{k}.onnx", n_cycles=k)
@@ -402,7 +402,7 @@ def export_ort(run: ExportRun) -> None:
     other), required_operators.config for a reduced build, and the mobile-usability verdict per graph."""
     if "onnx" not in run.options.formats:
         return
-    from hrm_edge.export_onnx import export_ort as convert, mobile_usability
+    from hrm_edge.export.onnx import export_ort as convert, mobile_usability
 
     onnx_arts = [a for a in run.artifacts if a.format == "onnx"]
     t = _stage(f"converting {len(onnx_arts)} ONNX graphs to ORT format", run.log)
@@ -420,7 +420,8 @@ def write_parity_bundle(run: ExportRun) -> None:
     and sha256, now that all files are final."""
     cfg = run.cfg
     if any(a.program == "kv_cache" for a in run.artifacts):
-        from hrm_edge.generate import EagerDecoder, generate
+        from hrm_edge.model.eager import EagerDecoder
+        from hrm_edge.runtime.decoders import generate
 
         n_new = min(GREEDY_NEW_TOKENS, cfg.max_seq_len - run.prefill_len)
         prompt = run.windows[0, :run.prefill_len]
@@ -437,8 +438,8 @@ def write_parity_bundle(run: ExportRun) -> None:
 
 
 def build_manifest(run: ExportRun) -> dict:
-    from hrm_edge.model import parameter_counts, unique_weight_bytes
-    from hrm_edge.tokenizer import bos_id, eos_id
+    from hrm_edge.model.lm import parameter_counts, unique_weight_bytes
+    from hrm_edge.train.tokenizer import bos_id, eos_id
 
     cfg, out, tok, windows = run.cfg, run.out, run.tok, run.windows
     total, unique = parameter_counts(run.model)
@@ -465,11 +466,11 @@ def build_manifest(run: ExportRun) -> dict:
 
 
 def write_web_parity_bundle(run: ExportRun, manifest: dict) -> None:
-    """The phone-sized parity bundle the demo's Self-test runs (hrm_edge.web_bundle), listed in the manifest."""
+    """The phone-sized parity bundle the demo's Self-test runs (hrm_edge.verify.web_bundle), listed in the manifest."""
     if not any(a.program == "kv_cache" for a in run.artifacts):
         return
-    from hrm_edge.parity import load_bundle
-    from hrm_edge.web_bundle import write_web_bundle
+    from hrm_edge.verify.parity import load_bundle
+    from hrm_edge.verify.web_bundle import write_web_bundle
 
     as_json = json.loads(manifest_json(manifest))
     path = write_web_bundle(run.out, as_json, load_bundle(run.out / BUNDLE))
@@ -528,9 +529,9 @@ def _die_with_parent() -> None:
 def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefill_len: int) -> list[tuple[Artifact, dict]]:
     """Lower `jobs` from the checkpoint copied into `out` (the worker process's entry point). Returns
     (artifact, {reference name: eager quantized reference logits}) per program."""
-    from hrm_edge.export_executorch import export_pte, export_pte_decode, quantized_for_pte
-    from hrm_edge.quantize import pte_weight_bytes
-    from hrm_edge.tokenizer import bos_id, eos_id, load_tokenizer
+    from hrm_edge.export.executorch import export_pte, export_pte_decode, quantized_for_pte
+    from hrm_edge.export.quantize import pte_weight_bytes
+    from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
 
     import torch
 
@@ -565,7 +566,7 @@ def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefil
 
 
 def _pte_quantization(precision: str) -> dict:
-    from hrm_edge.quantize import dynamic_int4_quantization, dynamic_quantization
+    from hrm_edge.export.quantize import dynamic_int4_quantization, dynamic_quantization
 
     return dynamic_quantization() if precision == "int8" else dynamic_int4_quantization()
 
@@ -585,7 +586,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hrm_edge.export", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--preset", help="train this preset (name in export/presets/ or a .toml path), then export")
+    src.add_argument("--preset", help="train this preset (name in hrm_edge/train/presets/ or a .toml path), then export")
     src.add_argument("--checkpoint", type=Path, help="export this checkpoint folder (config.json, model.safetensors, "
                                                      "tokenizer.json) instead of training")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
@@ -630,7 +631,3 @@ def main(argv=None) -> int:
                                          calib_samples=a.calib_samples, calib_corpus=a.calib_corpus, cycles=cycles,
                                          progress=not a.no_progress))
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    run_cli(main)

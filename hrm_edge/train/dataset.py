@@ -260,7 +260,7 @@ def load_corpus(cfg: DataConfig, required_splits: tuple[str, ...] = ("train", "v
 
 def encode_documents(tok, texts: list[str]) -> np.ndarray:
     """Concatenate documents into one int32 token stream, each followed by EOS."""
-    from hrm_edge.tokenizer import eos_id
+    from hrm_edge.train.tokenizer import eos_id
 
     eos = eos_id(tok)
     ids: list[int] = []

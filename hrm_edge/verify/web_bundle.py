@@ -3,9 +3,9 @@
 The export's parity_bundle.npz holds 8 windows x 128 tokens x 4096 logits (16 MB): too much to download
 to a phone for a self-test. The web bundle keeps the first few windows, cut to the KV programs' prefill
 length plus a few decode steps, so a phone runs the same prefill-then-decode path the parity gate runs
-and compares with the same fp32 eager logits, with the manifest's tolerances (hrm_edge.parity.compare).
+and compares with the same fp32 eager logits, with the manifest's tolerances (hrm_edge.verify.parity.compare).
 
-One file, little-endian, read by the browser demo (hrm_edge/web/js/selftest.mjs) and the Android app's
+One file, little-endian, read by the browser demo (hrm_edge/app/web/js/selftest.mjs) and the Android app's
 plain-Java core (org.hrmedge.core.WebBundle):
 
     bytes 0..7      b"HRMWEB01"
@@ -28,7 +28,7 @@ import numpy as np
 
 from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_write_bytes
-from hrm_edge.parity import Tolerance, compare
+from hrm_edge.verify.parity import Tolerance, compare
 
 WEB_BUNDLE = "web_bundle.bin"
 MAGIC = b"HRMWEB01"
@@ -64,7 +64,7 @@ def kv_prefill_len(manifest: dict) -> int:
 def web_bundle_bytes(manifest: dict, bundle: dict, n_windows: int = N_WINDOWS, decode_steps: int = DECODE_STEPS,
                      max_bytes: int = MAX_BYTES) -> bytes:
     """The web bundle's bytes (deterministic: the same export gives the same bytes). bundle: the parity
-    bundle's arrays (hrm_edge.parity.load_bundle). Fewer windows are kept when n_windows would pass max_bytes."""
+    bundle's arrays (hrm_edge.verify.parity.load_bundle). Fewer windows are kept when n_windows would pass max_bytes."""
     windows, fp32_logits = bundle["windows"], bundle["fp32_logits"]  # [N, S0 + 1], [N, S0, V]
     prefill = kv_prefill_len(manifest)
     seq_len = min(prefill + decode_steps, fp32_logits.shape[1])
@@ -114,11 +114,11 @@ def read_web_bundle(path: Path) -> WebBundle:
 def kv_logits(artifact_path: Path, web: WebBundle) -> np.ndarray:
     """Run a *.kv.onnx / *.kv.ort graph over the web bundle the way the page does: prefill prefill_len tokens,
     then one decode step per token. Returns logits [N, S, V]."""
-    from hrm_edge.generate import OnnxDecoder, decode_logits
+    from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits
 
     return decode_logits(OnnxDecoder(artifact_path), web.windows[:, :-1], web.prefill_len)
 
 
 def check_web_bundle(logits: np.ndarray, web: WebBundle, precision: str) -> dict:
-    """What the page's Self-test shows, computed in Python: hrm_edge.parity.compare against the bundle."""
+    """What the page's Self-test shows, computed in Python: hrm_edge.verify.parity.compare against the bundle."""
     return compare(logits, web.logits, web.windows[:, 1:], web.tolerance(precision), "fp32 eager (web bundle)")

@@ -1,8 +1,9 @@
 """Prefill + decode with a KV cache, in each runtime, and sampling. numpy in, numpy out.
 
 A Decoder has prefill(tokens [S]) -> logits [S, V] and decode(token) -> logits [V]; reset() starts a
-new sequence. Only the eager decoder imports torch at construction; the ONNX decoder needs numpy and
-onnxruntime alone (so a device can run it), the .pte decoder executorch (whose pybindings need torch).
+new sequence. The ONNX decoder needs numpy and onnxruntime alone (so a device can run it), the .pte decoder
+executorch (whose pybindings need torch; imported when one is made). The eager model's decoder, which has the
+same two methods, is hrm_edge.model.eager.EagerDecoder.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class OnnxDecoder(Decoder):
 class PteDecoder(Decoder):
     """The *.kv.pte program (ExecuTorch LLM-runner contract): caches live in the program's buffers.
 
-    weight_cache: XNNPACK's weight cache on or off for this load (hrm_edge.xnnpack_options; on is how
+    weight_cache: XNNPACK's weight cache on or off for this load (hrm_edge.runtime.xnnpack_options; on is how
     ExecuTorch's Android and iOS builds run); None leaves the runtime's setting (the pip wheel: off)."""
 
     def __init__(self, path: Path, threads: int = 0, weight_cache: bool | None = None):
@@ -75,7 +76,7 @@ class PteDecoder(Decoder):
 
             _unsafe_reset_threadpool(threads)
         if weight_cache is not None:
-            from hrm_edge.xnnpack_options import set_weight_cache
+            from hrm_edge.runtime.xnnpack_options import set_weight_cache
 
             set_weight_cache(weight_cache)  # read when the program's delegates are initialised, at load
         self.torch = torch
@@ -94,33 +95,6 @@ class PteDecoder(Decoder):
         # contiguous inputs: non-contiguous ones gave silently wrong outputs in ExecuTorch 1.4 (#18562)
         out = self.method.execute([t.from_numpy(np.ascontiguousarray(tokens[None, :], dtype=np.int64)).contiguous(),
                                    t.tensor([self.pos], dtype=t.int64)])[0]
-        self.pos += len(tokens)
-        return out.numpy()[0]
-
-
-class EagerDecoder(Decoder):
-    """The eager PyTorch model with its in-place KV cache (hrm_edge.model.DecodeForm)."""
-
-    def __init__(self, model, threads: int = 0, n_cycles: int | None = None):
-        import torch
-
-        from hrm_edge.model import DecodeForm
-
-        if threads:
-            torch.set_num_threads(threads)
-        self.torch = torch
-        self.form = DecodeForm(model.eval(), n_cycles=n_cycles)
-        self.max_seq_len = model.cfg.max_seq_len
-        self.pos = 0
-
-    def reset(self):
-        self.form.cache.reset()
-        self.pos = 0
-
-    def _run(self, tokens: np.ndarray) -> np.ndarray:
-        t = self.torch
-        with t.no_grad():
-            out = self.form(t.from_numpy(np.asarray(tokens, dtype=np.int64)[None, :]), t.tensor([self.pos]))
         self.pos += len(tokens)
         return out.numpy()[0]
 

@@ -52,7 +52,7 @@ def load_model(ckpt: Path):
     weights, or weights that do not fit config.json (the first mismatching tensor, both shapes, the file)."""
     from safetensors.torch import load_file
 
-    from hrm_edge.model import HRMLM
+    from hrm_edge.model.lm import HRMLM
 
     ckpt = Path(ckpt)
     for name in (CONFIG, WEIGHTS):

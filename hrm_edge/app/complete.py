@@ -1,0 +1,177 @@
+"""Text completion with an exported model, the way a phone runs it: prefill the prompt once, then decode
+one token at a time from the KV cache, streaming the text as it comes.
+
+    python -m hrm_edge.complete --artifacts export/out --runtime executorch "def "
+    echo "import os" | python -m hrm_edge.complete --artifacts export/out --runtime onnx --temperature 0.8
+
+The last line reports prefill and decode tokens/s. --runtime eager runs the PyTorch model from the same
+folder (model.safetensors) with its KV cache. Before loading anything, the files it will load (tokenizer.json
+and the program, or config.json and model.safetensors) are checked against the manifest's sha256;
+--no-verify skips that check (for artifacts edited on purpose).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from hrm_edge.errors import UserError, first_line, run_cli
+from hrm_edge.runtime.decoders import Sampling, generate
+from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
+
+RUNTIMES = ("executorch", "onnx", "eager")
+MAX_THREADS = 256
+
+
+def pick_artifact(manifest: dict, runtime: str, precision: str) -> Artifact:
+    fmt = {"executorch": "pte", "onnx": "onnx"}[runtime]
+    kv = [a for a in manifest["artifacts"] if a.format == fmt and a.program == "kv_cache"]
+    candidates = [a for a in kv if a.precision == precision]
+    if not candidates:
+        have = sorted({a.precision for a in kv})
+        raise UserError(f"no {precision} KV-cache {fmt} program in this export (have: {', '.join(have) or 'none'}); "
+                        f"re-run python -m hrm_edge.export")
+    return candidates[0]
+
+
+def files_to_load(manifest: dict, runtime: str, precision: str) -> list[str]:
+    """What `runtime` loads from the export folder, as the manifest names it: the tokenizer, then the KV-cache
+    program (or, for eager, the checkpoint's config and weights). User errors for what the export lacks."""
+    if "tokenizer" not in manifest:
+        raise UserError("the manifest names no tokenizer; re-run python -m hrm_edge.export")
+    if runtime == "eager":
+        if precision != "fp32":
+            raise UserError("--runtime eager runs the fp32 model; use --precision fp32")
+        ckpt = manifest.get("checkpoint") or {}
+        if not {"config", "weights"} <= set(ckpt):
+            raise UserError("the manifest names no checkpoint (config, weights); re-run python -m hrm_edge.export")
+        return [manifest["tokenizer"]["path"], ckpt["config"], ckpt["weights"]]
+    art = pick_artifact(manifest, runtime, precision)
+    if not next(iter((art.parity or {}).values()), {}).get("passed"):
+        raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
+    return [manifest["tokenizer"]["path"], art.path]
+
+
+def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int):
+    """The decoder of the verified files (files_to_load's order: tokenizer first)."""
+    from hrm_edge.model.eager import EagerDecoder
+    from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder
+
+    if runtime == "eager":
+        from hrm_edge.model.checkpoint import load_model
+
+        return EagerDecoder(load_model(out_dir), threads)
+    cls = PteDecoder if runtime == "executorch" else OnnxDecoder
+    return cls(files[1], threads)
+
+
+def read_prompt(arg: str | None) -> str:
+    """The prompt from the argument or stdin (bytes, decoded here so that bad UTF-8 is one error line); a user
+    error if it is empty or not valid Unicode (a lone surrogate from undecodable command-line bytes)."""
+    if arg is None:
+        raw = sys.stdin.buffer.read()
+        try:
+            arg = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"the prompt on stdin is not UTF-8 text (bad byte at offset {e.start})") from None
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"the prompt is not valid UTF-8 text (undecodable character at offset {e.start})") from None
+    if not arg:
+        raise UserError("empty prompt (give it as an argument or on stdin)")
+    return arg
+
+
+class TextStream:
+    """Streams decoded text token by token: a piece is written once its characters are complete (a multi-byte
+    character split across tokens decodes to a trailing U+FFFD until its last byte arrives)."""
+
+    def __init__(self, tok, write):
+        self.tok, self.write = tok, write
+        self.ids: list[int] = []
+        self.printed = ""
+
+    def add(self, token: int) -> None:
+        self.ids.append(token)
+        text = self.tok.decode(self.ids)
+        if not text.endswith("\ufffd") and text.startswith(self.printed):
+            self.write(text[len(self.printed):])
+            self.printed = text
+
+    def finish(self) -> None:
+        """What is left (an incomplete character is written as U+FFFD)."""
+        text = self.tok.decode(self.ids)
+        if text.startswith(self.printed):
+            self.write(text[len(self.printed):])
+            self.printed = text
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hrm_edge.complete", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prompt", nargs="?", help="the text to complete (default: read from stdin)")
+    p.add_argument("--artifacts", type=Path, default=Path("export/out"), help="export folder (default export/out)")
+    p.add_argument("--runtime", choices=RUNTIMES, default="executorch", help="which runtime runs the model")
+    p.add_argument("--precision", choices=("fp32", "int8", "int4"), default="fp32",
+                   help="which exported program (default fp32; int4: the opt-in 8da4w .pte)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1, like one phone core)")
+    p.add_argument("--truncate", action="store_true",
+                   help="keep the last tokens of a prompt longer than the context instead of refusing it")
+    p.add_argument("--no-verify", action="store_true",
+                   help="load the files without checking them against the manifest's sha256 (for artifacts edited on "
+                        "purpose; they are still refused if they are missing or lie outside the folder)")
+    a = p.parse_args(argv)
+    if a.max_new_tokens < 1 or not 0 <= a.threads <= MAX_THREADS or a.seed < 0:
+        raise UserError(f"--max-new-tokens must be >= 1, --threads in 0..{MAX_THREADS}, --seed >= 0")
+    # (written so that NaN fails too) a positive temperature below 1e-4 overflows the scaled logits: 0 is greedy
+    if not (a.temperature == 0 or 1e-4 <= a.temperature <= 1e4) or not 0 < a.top_p <= 1 or a.top_k < 0:
+        raise UserError("--temperature must be 0 (greedy) or in [1e-4, 1e4], --top-p in (0, 1], --top-k >= 0")
+    prompt = read_prompt(a.prompt)
+
+    from hrm_edge.train.tokenizer import eos_id, load_tokenizer
+
+    manifest = read_manifest(a.artifacts)
+    t_verify = time.perf_counter()
+    files = verify_files(a.artifacts, manifest, files_to_load(manifest, a.runtime, a.precision), a.no_verify)
+    verify_ms = 1000 * (time.perf_counter() - t_verify)
+    tok = load_tokenizer(files[0])
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    if not ids:
+        raise UserError("the prompt encodes to no tokens")
+    context = manifest["model"]["max_seq_len"]
+    room = context - 1  # at least one new token
+    if len(ids) > room:
+        if not a.truncate:
+            raise UserError(f"the prompt is {len(ids)} tokens, the context holds {context}; shorten it or pass --truncate")
+        ids = ids[-room:]
+    try:
+        decoder = make_decoder(a.artifacts, a.runtime, files, a.threads)
+    except UserError:
+        raise
+    except Exception as e:  # a runtime that cannot load a file (edited and run with --no-verify): one line
+        raise UserError(f"{a.runtime} cannot load {files[-1].name}: {first_line(e)}") from None
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    write(prompt)
+    stream = TextStream(tok, write)
+    g = generate(decoder, ids, a.max_new_tokens, Sampling(a.temperature, a.top_k, a.top_p, a.seed),
+                 eos_id=eos_id(tok), on_token=stream.add)
+    stream.finish()
+    write("\n")
+    name = files[-1].name
+    stop = "EOS" if g.stopped_at_eos else "max length"
+    print(f"[{a.runtime} {name}, {a.threads} thread(s)] prefill {len(ids)} tokens at {g.prefill_tokens_per_s:.0f} "
+          f"tokens/s, decode {len(g.tokens)} tokens at {g.decode_tokens_per_s:.0f} tokens/s (stopped at {stop}); "
+          f"{'sha256 of' if not a.no_verify else 'unverified:'} {len(files)} files "
+          f"({sum(f.stat().st_size for f in files) / 1e6:.1f} MB) in {verify_ms:.0f} ms")
+    return 0

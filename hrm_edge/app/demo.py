@@ -1,0 +1,243 @@
+"""The on-device demo: a phone's browser runs the exported model (onnxruntime-web, WASM) as you type.
+
+    python -m hrm_edge.demo export/out                  # open the printed http://localhost:8000/
+    python -m hrm_edge.demo export/out --host 0.0.0.0   # prints the address a phone on the same network opens
+
+The server only hands out files; the model runs in the browser. It serves the page (hrm_edge/app/web/), its two
+pinned JS packages (installed once with `npm ci` into ~/.cache/hrm-edge/web/, $XDG_CACHE_HOME honoured), and
+from the export folder only what the page needs (tokenizer.json, the ONNX / ORT KV-cache programs, the web
+parity bundle), each checked against the manifest's sha256 before the server starts (--no-verify skips it).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from hrm_edge.errors import UserError, run_cli
+from hrm_edge.runtime.manifest import contained_path, manifest_json, read_manifest, verify_files
+from hrm_edge.verify.parity import load_bundle
+from hrm_edge.verify.web_bundle import WEB_BUNDLE, web_bundle_bytes, write_web_bundle
+
+WEB_DIR = Path(__file__).resolve().parent / "web"
+# the files of the pinned packages the page imports (everything else in node_modules stays unserved)
+VENDOR_FILES = {
+    "/vendor/ort/ort.wasm.min.mjs": "onnxruntime-web/dist/ort.wasm.min.mjs",
+    "/vendor/ort/ort-wasm-simd-threaded.mjs": "onnxruntime-web/dist/ort-wasm-simd-threaded.mjs",
+    "/vendor/ort/ort-wasm-simd-threaded.wasm": "onnxruntime-web/dist/ort-wasm-simd-threaded.wasm",
+    "/vendor/tokenizers/tokenizers.min.mjs": "@huggingface/tokenizers/dist/tokenizers.min.mjs",
+}
+CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".css": "text/css; charset=utf-8",
+                 ".mjs": "text/javascript; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                 ".json": "application/json", ".wasm": "application/wasm"}
+# COOP + COEP make the page cross-origin isolated (where the browser allows it: https or localhost), which
+# gives onnxruntime-web SharedArrayBuffer and so its WASM threads.
+ISOLATION_HEADERS = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp",
+                     "Cross-Origin-Resource-Policy": "same-origin"}
+
+
+# ---- the pinned JS packages ----
+def web_packages(log=print) -> Path:
+    """node_modules of hrm_edge/app/web/package-lock.json, installed with `npm ci` on first use into a cache folder
+    named by the lock file's hash (a changed lock file installs afresh)."""
+    lock = (WEB_DIR / "package-lock.json").read_bytes()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hrm-edge" / "web"
+    target = cache / hashlib.sha256(lock).hexdigest()[:16]
+    if (target / ".installed").is_file():
+        return target / "node_modules"
+    npm = shutil.which("npm")
+    if npm is None:
+        raise UserError("npm not found: the demo page's JS packages are installed with `npm ci` (Debian: "
+                        "apt-get install nodejs npm)")
+    log(f"[demo] installing the page's pinned JS packages once (npm ci) into {target}")
+    tmp = cache / f".{target.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        for name in ("package.json", "package-lock.json"):
+            shutil.copyfile(WEB_DIR / name, tmp / name)
+        proc = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
+                              cwd=tmp, capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+            raise UserError(f"npm ci failed (exit {proc.returncode}) in {tmp}: {last}")
+        missing = [f for f in VENDOR_FILES.values() if not (tmp / "node_modules" / f).is_file()]
+        if missing:
+            raise UserError(f"npm ci did not install {', '.join(missing)}")
+        (tmp / ".installed").write_text("ok\n")
+        if not target.exists():  # another demo may have finished the same install meanwhile
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target / "node_modules"
+
+
+# ---- what is served from the export folder ----
+def kv_artifacts(manifest: dict) -> list:
+    arts = [a for a in manifest["artifacts"] if a.program == "kv_cache" and a.format in ("onnx", "ort")]
+    if not arts:
+        raise UserError("the export has no ONNX KV-cache artifact (*.kv.onnx), which the page runs; "
+                        "re-run python -m hrm_edge.export with ONNX")
+    return arts
+
+
+def web_bundle_path(out_dir: Path, manifest: dict, verify: bool, log=print) -> Path:
+    """The web parity bundle, verified: by its manifest sha256 where the export listed it; otherwise against
+    the bytes it must have (rebuilt from the sha256-checked parity bundle). Written there if missing."""
+    listed = manifest.get("web_bundle")
+    if listed:
+        return verify_files(out_dir, manifest, [listed["path"]], no_verify=not verify)[0]
+    path = contained_path(out_dir, WEB_BUNDLE)
+    if path.is_file() and not verify:
+        return path
+    bundle = load_bundle(verify_files(out_dir, manifest, [manifest["parity_bundle"]["path"]], no_verify=not verify)[0])
+    as_json = json.loads(manifest_json(manifest))  # hrm_edge.verify.web_bundle reads the manifest as JSON
+    if not path.is_file():
+        try:
+            write_web_bundle(out_dir, as_json, bundle)
+        except OSError as e:
+            raise UserError(f"cannot write {path}: {e.strerror or e}") from None
+        log(f"[demo] wrote the web parity bundle {path} ({path.stat().st_size:,} bytes)")
+    elif path.read_bytes() != web_bundle_bytes(as_json, bundle):
+        raise UserError(f"{WEB_BUNDLE} does not match the export's parity bundle (the file was modified); delete "
+                        f"it to have it rebuilt, or pass --no-verify to serve it anyway")
+    return path
+
+
+def passed_gate(art) -> bool:
+    return bool(art.parity) and all(r.get("passed") for r in art.parity.values())
+
+
+def export_routes(out_dir: Path, manifest: dict, verify: bool, log=print) -> tuple[dict, dict]:
+    """{url: file} of the export files the page needs (each checked against the manifest's sha256 unless not
+    `verify`), and the page's configuration (/demo.json)."""
+    arts = kv_artifacts(manifest)
+    tok = manifest["tokenizer"]
+    files = verify_files(out_dir, manifest, [tok["path"]] + [a.path for a in arts], no_verify=not verify)
+    routes = {f"/export/{tok['path']}": files[0]}
+    models = []
+    for art, path in zip(arts, files[1:]):
+        routes[f"/export/{art.path}"] = path
+        depth = f", {art.cycles} outer cycle(s)" if art.cycles is not None else ""
+        models.append({"id": art.path, "url": f"/export/{art.path}", "precision": art.precision,
+                       "format": art.format, "bytes": art.bytes, "passed": passed_gate(art),
+                       "label": f"{art.precision} {art.format}{depth} ({art.bytes / 1e6:.1f} MB)"})
+    bundle = web_bundle_path(out_dir, manifest, verify, log)
+    routes[f"/export/{bundle.name}"] = bundle
+    # default: the smallest program that passed the parity gate (int8 first), else the first one
+    ok = sorted((m for m in models if m["passed"]), key=lambda m: (m["precision"] != "int8", m["format"] != "onnx"))
+    config = {
+        "models": models, "default_model": (ok or models)[0]["id"],
+        "tokenizer": {"url": f"/export/{tok['path']}", "bos_id": tok.get("bos_id"), "eos_id": tok.get("eos_id")},
+        "web_bundle": {"url": f"/export/{bundle.name}", "bytes": bundle.stat().st_size},
+        "max_seq_len": manifest["model"]["max_seq_len"], "vocab_size": manifest["model"]["vocab_size"],
+        "export": {"folder": out_dir.resolve().name, "passed": bool(manifest.get("passed"))},
+    }
+    return routes, config
+
+
+def page_routes(node_modules: Path) -> dict:
+    """{url: file} of the page itself and of the vendored package files."""
+    routes = {"/": WEB_DIR / "index.html", "/app/style.css": WEB_DIR / "style.css"}
+    routes |= {f"/app/js/{p.name}": p for p in sorted((WEB_DIR / "js").glob("*.mjs"))}
+    routes |= {url: node_modules / rel for url, rel in VENDOR_FILES.items()}
+    return routes
+
+
+# ---- the server ----
+class DemoHandler(BaseHTTPRequestHandler):
+    """GET/HEAD of a fixed table of files: no directory listing, and a path not in the table is a 404, so
+    `..`, absolute paths and links cannot reach anything else."""
+
+    server_version = "hrm-edge-demo"
+
+    def __init__(self, *args, routes: dict, config: bytes, quiet: bool, **kwargs):
+        self.routes, self.config, self.quiet = routes, config, quiet
+        super().__init__(*args, **kwargs)
+
+    def do_GET(self):
+        self.respond(send_body=True)
+
+    def do_HEAD(self):
+        self.respond(send_body=False)
+
+    def respond(self, send_body: bool):
+        url = unquote(urlsplit(self.path).path)
+        if url == "/demo.json":
+            body, ctype = self.config, "application/json"
+        elif url in self.routes:
+            body = self.routes[url].read_bytes()
+            ctype = CONTENT_TYPES.get(self.routes[url].suffix, "application/octet-stream")
+        else:
+            self.send_error(404, "not served")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-cache")
+        for k, v in ISOLATION_HEADERS.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+
+    def log_message(self, fmt, *args):
+        if not self.quiet:
+            sys.stderr.write(f"[demo] {self.address_string()} {fmt % args}\n")
+
+
+def addresses_to_open(host: str, port: int) -> list[str]:
+    """The URLs to print: localhost for a local server; this machine's network addresses for 0.0.0.0."""
+    if host not in ("0.0.0.0", "::", ""):
+        return [f"http://{'localhost' if host in ('127.0.0.1', 'localhost') else host}:{port}/"]
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+        ips = sorted({i[4][0] for i in infos if not i[4][0].startswith("127.")})
+    except OSError:
+        ips = []
+    return [f"http://{ip}:{port}/" for ip in ips] or [f"http://<this machine's address>:{port}/"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hrm_edge.demo", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", type=Path, help="export folder (holds manifest.json and a *.kv.onnx program)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: reachable from a "
+                        "phone on the same network)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--no-verify", action="store_true",
+                   help="serve the export's files without checking them against the manifest's sha256")
+    p.add_argument("--quiet", action="store_true", help="do not log each request")
+    a = p.parse_args(argv)
+    if not 0 <= a.port <= 65535:
+        raise UserError(f"--port must be in 0..65535, got {a.port}")
+    manifest = read_manifest(a.dir)
+    routes, config = export_routes(a.dir, manifest, verify=not a.no_verify)
+    routes |= page_routes(web_packages())
+    handler = partial(DemoHandler, routes=routes, config=json.dumps(config).encode(), quiet=a.quiet)
+    try:
+        server = ThreadingHTTPServer((a.host, a.port), handler)
+    except OSError as e:
+        raise UserError(f"cannot listen on {a.host}:{a.port}: {e.strerror or e}") from None
+    port = server.server_address[1]
+    print(f"[demo] serving {a.dir} ({len(config['models'])} model(s); the model runs in the browser)")
+    for url in addresses_to_open(a.host, port):
+        print(f"open {url}", flush=True)
+    if a.host not in ("127.0.0.1", "localhost"):
+        print("[demo] note: over plain http from another device the page is not cross-origin isolated, so "
+              "onnxruntime-web runs on one thread there (still a few ms per token)", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0

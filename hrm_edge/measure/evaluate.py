@@ -1,0 +1,174 @@
+"""Held-out evaluation: bits per byte of checkpoints on projects none of them trained on, at full depth and
+with one outer cycle (the depth dial), next to `xz -9` compressing each file on its own; and completions of
+held-out code.
+
+    python -m hrm_edge.evaluate hrm_edge/default_model                       # the shipped model
+    python -m hrm_edge.evaluate runs/default OLD_CHECKPOINT --out runs/eval  # several checkpoints, one table
+    python -m hrm_edge.evaluate hrm_edge/default_model --samples 3           # plus completions of held-out code
+
+The text is the validation split of the pinned PyPI corpus (python -m hrm_edge.corpus): whole projects the
+corpus holds out of training. Bits per byte do not depend on the tokenizer, so checkpoints with different
+tokenizers compare on the same bytes: each project's files are concatenated (each followed by EOS), cut
+into windows of --seq-len + 1 tokens that overlap by one token (every token but the first is predicted once,
+with up to --seq-len tokens of context), and bpb = total next-token loss in bits / total UTF-8 bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hrm_edge.errors import UserError, run_cli
+from hrm_edge.io import atomic_write_text
+
+
+@dataclass
+class ProjectText:
+    name: str
+    texts: list[str]
+
+    @property
+    def bytes(self) -> int:
+        return sum(len(t.encode("utf-8")) for t in self.texts)
+
+
+def heldout_texts(corpus: str, max_bytes: int) -> list[ProjectText]:
+    """The held-out projects, each cut to its first files up to max_bytes (whole files; at least one)."""
+    from hrm_edge.train.dataset import heldout_projects
+
+    out = []
+    for project, docs in sorted(heldout_projects(corpus).items()):
+        texts, n = [], 0
+        for _, text in docs:
+            if texts and n + len(text.encode("utf-8")) > max_bytes:
+                break
+            texts.append(text)
+            n += len(text.encode("utf-8"))
+        out.append(ProjectText(project, texts))
+    return out
+
+
+def project_bits(model, tok, texts: list[str], seq_len: int, n_cycles: int | None, batch_size: int = 8) -> float:
+    """Total next-token loss in bits of one project's text (each file followed by EOS)."""
+    import torch
+    import torch.nn.functional as F
+
+    from hrm_edge.train.dataset import encode_documents
+
+    stream = encode_documents(tok, texts).astype(np.int64)
+    starts = range(0, max(len(stream) - 1, 1), seq_len)
+    windows = [stream[s : s + seq_len + 1] for s in starts]  # the last one may be shorter
+    nats = 0.0
+    with torch.no_grad():
+        for w in windows:
+            if len(w) < 2:
+                continue
+            x = torch.from_numpy(w[None, :-1])
+            logits = model(x, n_cycles=n_cycles)
+            nats += F.cross_entropy(logits[0], torch.from_numpy(w[1:]), reduction="sum").item()
+    return nats / math.log(2)
+
+
+def evaluate_checkpoint(checkpoint: Path, projects: list[ProjectText], seq_len: int, log=print) -> dict:
+    """{project: {"full": bpb, "1_cycle": bpb}} of one checkpoint (1_cycle only for an HRM with H > 1)."""
+    from hrm_edge.model.checkpoint import TOKENIZER, load_model
+    from hrm_edge.train.tokenizer import load_tokenizer
+
+    model = load_model(checkpoint)
+    tok = load_tokenizer(checkpoint / TOKENIZER)
+    depths = {"full": None}
+    if model.cfg.arch == "hrm" and model.cfg.H_cycles > 1:
+        depths["1_cycle"] = 1
+    seq_len = min(seq_len, model.cfg.max_seq_len)
+    result = {}
+    for p in projects:
+        result[p.name] = {name: project_bits(model, tok, p.texts, seq_len, k) / p.bytes for name, k in depths.items()}
+        log(f"  {checkpoint.name:<16} {p.name:<16} " + "  ".join(f"{k} {v:.3f}" for k, v in result[p.name].items()))
+    return result
+
+
+def summary_rows(projects: list[ProjectText], results: dict) -> list[dict]:
+    """One row per project (and 'all': byte-weighted): xz -9 and every checkpoint's bpb at each depth."""
+    from hrm_edge.train.dataset import xz_bits_per_byte
+
+    rows, total = [], sum(p.bytes for p in projects)
+    for p in projects:
+        rows.append({"project": p.name, "bytes": p.bytes, "files": len(p.texts), "xz_9": xz_bits_per_byte(p.texts)}
+                    | {f"{ck}:{depth}": bpb for ck, r in results.items() for depth, bpb in r[p.name].items()})
+    keys = [k for k in rows[0] if k not in ("project", "bytes", "files")]
+    rows.append({"project": "all", "bytes": total, "files": sum(r["files"] for r in rows)}
+                | {k: sum(r[k] * r["bytes"] for r in rows) / total for k in keys})
+    return rows
+
+
+def render_rows(rows: list[dict]) -> str:
+    keys = [k for k in rows[0] if k not in ("project", "bytes", "files")]
+    lines = ["| project | files | bytes | " + " | ".join(keys) + " |", "|---|---:|---:|" + "---:|" * len(keys)]
+    for r in rows:
+        lines.append(f"| {r['project']} | {r['files']} | {r['bytes']:,} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def completions(checkpoint: Path, projects: list[ProjectText], n: int, prompt_tokens: int = 48,
+                new_tokens: int = 48) -> list[dict]:
+    """Greedy and sampled (temperature 0.8, top-k 40) continuations of the first prompt_tokens of the first
+    file of n held-out projects."""
+    from hrm_edge.model.checkpoint import TOKENIZER, load_model
+    from hrm_edge.model.eager import EagerDecoder
+    from hrm_edge.runtime.decoders import Sampling, generate
+    from hrm_edge.train.tokenizer import load_tokenizer
+
+    model, tok = load_model(checkpoint), load_tokenizer(checkpoint / TOKENIZER)
+    out = []
+    for p in projects[:n]:
+        prompt = tok.encode(p.texts[0], add_special_tokens=False).ids[:prompt_tokens]
+        sample = {}
+        for name, s in (("greedy", Sampling()), ("sampled", Sampling(temperature=0.8, top_k=40, seed=1))):
+            sample[name] = tok.decode(generate(EagerDecoder(model), prompt, new_tokens, s).tokens)
+        out.append({"project": p.name, "prompt": tok.decode(prompt)} | sample)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hrm_edge.evaluate", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", type=Path, nargs="+", help="checkpoint folders (config.json, model.safetensors, "
+                                                               "tokenizer.json)")
+    p.add_argument("--corpus", default="pypi", help="a built corpus (default: pypi, python -m hrm_edge.corpus)")
+    p.add_argument("--max-bytes", type=int, default=200_000,
+                   help="text per held-out project: its first whole files up to this many bytes (default 200000)")
+    p.add_argument("--seq-len", type=int, default=256, help="context per window, at most each model's (default 256)")
+    p.add_argument("--samples", type=int, default=0, help="also print completions of this many held-out files")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    p.add_argument("--out", type=Path, help="write evaluation.json and evaluation.md into this folder")
+    a = p.parse_args(argv)
+    if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
+        raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
+    names = [c.resolve().name if c.name in ("", ".") else c.name for c in a.checkpoints]
+    if len(set(names)) != len(names):
+        raise UserError(f"two checkpoints share the folder name {names}: give each its own name")
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    projects = heldout_texts(a.corpus, a.max_bytes)
+    print(f"{len(projects)} held-out projects, {sum(p.bytes for p in projects):,} bytes")
+    results = {name: evaluate_checkpoint(c, projects, a.seq_len) for name, c in zip(names, a.checkpoints)}
+    rows = summary_rows(projects, results)
+    table = "Bits per byte on held-out projects (lower is better; xz_9: each file compressed on its own):\n\n" + render_rows(rows)
+    samples = completions(a.checkpoints[0], projects, a.samples) if a.samples else []
+    for s in samples:
+        table += f"\n### {s['project']}\n\nprompt:\n```python\n{s['prompt']}\n```\ngreedy:\n```python\n{s['greedy']}\n```\n" \
+                 f"sampled (temperature 0.8, top-k 40):\n```python\n{s['sampled']}\n```\n"
+    print(table)
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        record = {"corpus": a.corpus, "max_bytes": a.max_bytes, "seq_len": a.seq_len,
+                  "checkpoints": [str(c) for c in a.checkpoints], "rows": rows, "samples": samples}
+        atomic_write_text(a.out / "evaluation.json", json.dumps(record, indent=2) + "\n")
+        atomic_write_text(a.out / "evaluation.md", table)
+    return 0

@@ -1,0 +1,506 @@
+"""Parity gate: run every artifact in its real runtime and compare with the eager model's logits.
+
+    python -m hrm_edge.parity DIR          # re-verify sha256 and parity of an export folder
+    python -m hrm_edge.parity DIR --target aarch64   # the same on emulated ARM64 CPUs (hrm_edge.verify.arm64)
+
+The runtime side (load an artifact, run it, compare with expected arrays) imports numpy and the runtime
+only: onnxruntime for .onnx, executorch for .pte (whose pybindings import torch themselves). Computing the
+eager reference is the one part that needs torch, and it is imported only there. The gate on another CPU
+architecture (--target aarch64) lives with the emulation code in hrm_edge.verify.arm64, which builds on this module;
+this module never imports it (only the script entry at the bottom hands it to main).
+
+The expected outputs live in the export folder's parity bundle (parity_bundle.npz): the held-out
+validation token windows and the fp32 eager logits. Re-running parity on a folder also recomputes the
+eager logits from model.safetensors and checks the bundle against them, so an edited bundle cannot
+vouch for a wrong artifact.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hrm_edge.errors import UserError, run_cli
+from hrm_edge.io import atomic_write_text, sha256_file
+from hrm_edge.runtime.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest, verify_files
+
+
+@dataclass
+class Tolerance:
+    """An artifact passes when max|logits - ref| <= rel_max_abs * (ref max - ref min), top-1 agreement
+    >= min_top1 and its perplexity is within max_ppl_ratio of the reference's."""
+
+    rel_max_abs: float
+    min_top1: float
+    max_ppl_ratio: float
+
+
+# fp32: the issue asks for 1e-3 x logit range and 0.999 top-1; the runtimes reach ~1e-7 absolute on
+# logits of range ~20 (measured), so 1e-4 still leaves two orders of margin for other CPUs' kernels.
+FP32_TOLERANCE = Tolerance(rel_max_abs=1e-4, min_top1=0.999, max_ppl_ratio=1.001)
+# int8 artifact vs its eager int8 reference (same scales): the runtime doing what we asked. Not bit-exact:
+# a rounding tie resolved differently (x/s vs x*(1/s), accumulation order) moves one value by one quantum,
+# and the next step's quantizer can propagate it through the T iterations: measured ~4e-3 x range on a
+# d-128 model trained for 10 M tokens, 1.3e-2 x range and top-1 0.983-0.987 on the shipped d-256 model
+# trained for 98 M tokens (sharper logits, more near-ties). A broken artifact is far outside either.
+INT8_VS_REFERENCE = Tolerance(rel_max_abs=2e-2, min_top1=0.98, max_ppl_ratio=1.005)
+# int8 artifact vs fp32 eager: what quantization costs. Top-1 and perplexity bounds come from the preset's
+# [quant] table (default 0.97 and 1.02, the issue's quality gate); the max-abs bound only catches a broken
+# artifact.
+INT8_VS_FP32_MAX_ABS = 5e-2
+INT4_VS_FP32_MAX_ABS = 1e-1  # 4-bit weights (the opt-in 8da4w program) move logits further
+
+
+def tolerances(quant_cfg) -> dict:
+    """The tolerances an export is gated with, as recorded in its manifest."""
+    return {
+        "fp32_vs_fp32_eager": asdict(FP32_TOLERANCE),
+        "int8_vs_int8_reference": asdict(INT8_VS_REFERENCE),
+        "int8_vs_fp32_eager": asdict(Tolerance(INT8_VS_FP32_MAX_ABS, quant_cfg.int8_min_top1,
+                                               quant_cfg.int8_max_ppl_ratio)),
+        "int4_vs_fp32_eager": asdict(Tolerance(INT4_VS_FP32_MAX_ABS, quant_cfg.int4_min_top1,
+                                               quant_cfg.int4_max_ppl_ratio)),
+    }
+
+
+def host_target() -> str:
+    return platform.machine() or "unknown"
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    m = logits.max(-1, keepdims=True)
+    shifted = logits - m
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def perplexity(logits: np.ndarray, targets: np.ndarray) -> float:
+    """logits [N, S, V] float, targets [N, S] int -> exp(mean next-token NLL)."""
+    lp = log_softmax(logits.astype(np.float64))
+    nll = -np.take_along_axis(lp, targets[..., None], axis=-1).mean()
+    return float(math.exp(nll))
+
+
+def compare(logits: np.ndarray, reference: np.ndarray, targets: np.ndarray, tol: Tolerance,
+            reference_name: str) -> dict:
+    if logits.shape != reference.shape:
+        return {"reference": reference_name, "passed": False,
+                "reason": f"output shape {list(logits.shape)} != reference {list(reference.shape)}"}
+    if not np.isfinite(logits).all():
+        return {"reference": reference_name, "passed": False, "reason": "non-finite logits"}
+    max_abs = float(np.abs(logits - reference).max())
+    logit_range = float(reference.max() - reference.min())
+    top1 = float((logits.argmax(-1) == reference.argmax(-1)).mean())
+    ppl, ref_ppl = perplexity(logits, targets), perplexity(reference, targets)
+    ppl_ratio = ppl / ref_ppl
+    abs_limit = tol.rel_max_abs * logit_range
+    reasons = []
+    if max_abs > abs_limit:
+        reasons.append(f"max abs logit error {max_abs:.3g} > {abs_limit:.3g}")
+    if top1 < tol.min_top1:
+        reasons.append(f"top-1 agreement {top1:.4f} < {tol.min_top1}")
+    if ppl_ratio > tol.max_ppl_ratio:
+        reasons.append(f"perplexity ratio {ppl_ratio:.5f} > {tol.max_ppl_ratio}")
+    return {
+        "reference": reference_name,
+        "samples": int(targets.shape[0]),
+        "seq_len": int(targets.shape[1]),
+        "max_abs_logit_error": max_abs,
+        "logit_range": logit_range,
+        "top1_agreement": top1,
+        "perplexity": ppl,
+        "reference_perplexity": ref_ppl,
+        "tolerance": asdict(tol) | {"max_abs_logit_error": abs_limit},
+        "passed": not reasons,
+        "reason": "; ".join(reasons),
+    }
+
+
+# ---- runtimes (numpy in, numpy out) ----
+def run_onnx(path: Path, tokens: np.ndarray) -> np.ndarray:
+    """tokens [N, S] int64 -> logits [N, S, V] float32 with onnxruntime on the CPU."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    return sess.run(None, {name: np.ascontiguousarray(tokens, dtype=np.int64)})[0]
+
+
+def run_pte(path: Path, tokens: np.ndarray) -> np.ndarray:
+    """tokens [N, S] int64 -> logits [N, S, V], one sequence at a time (the program has batch 1)."""
+    import torch  # executorch's pybindings link libtorch and take torch tensors
+    import executorch.kernels.quantized  # noqa: F401  registers quantized_decomposed kernels (int8 programs)
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(str(path)).load_method("forward")
+    outs = []
+    for row in tokens:
+        # contiguous inputs: non-contiguous ones gave silently wrong outputs in ExecuTorch 1.4 (#18562)
+        t = torch.from_numpy(np.ascontiguousarray(row[None, :], dtype=np.int64)).contiguous()
+        outs.append(method.execute([t])[0].detach().numpy().copy())
+    return np.concatenate(outs, axis=0)
+
+
+def kv_decoder(path: Path, fmt: str):
+    from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder
+
+    return OnnxDecoder(path) if fmt in ("onnx", "ort") else PteDecoder(path)
+
+
+def run_artifact(path: Path, art: Artifact, tokens: np.ndarray) -> np.ndarray:
+    """Full-sequence logits [N, S, V] of tokens [N, S]: directly, or for a KV-cache program by a prefill of
+    art.prefill_len tokens followed by one decode step per remaining token."""
+    if art.program == "kv_cache":
+        from hrm_edge.runtime.decoders import decode_logits
+
+        return decode_logits(kv_decoder(path, art.format), tokens, art.prefill_len)
+    if art.format in ("onnx", "ort"):  # onnxruntime loads its .ort format like an .onnx file
+        return run_onnx(path, tokens)
+    if art.format == "pte":
+        return run_pte(path, tokens)
+    raise ValueError(f"unknown artifact format {art.format!r}")
+
+
+def greedy_tokens(path: Path, fmt: str, prompt: np.ndarray, n_new: int) -> np.ndarray:
+    from hrm_edge.runtime.decoders import generate
+
+    return np.array(generate(kv_decoder(path, fmt), prompt.tolist(), n_new).tokens, dtype=np.int64)
+
+
+# ---- eager reference (the only torch part) ----
+def eager_logits(model, tokens: np.ndarray, batch_size: int = 4) -> np.ndarray:
+    import torch
+
+    outs = []
+    with torch.no_grad():
+        for i in range(0, len(tokens), batch_size):
+            outs.append(model(torch.from_numpy(tokens[i : i + batch_size])).numpy())
+    return np.concatenate(outs, axis=0).astype(np.float32)
+
+
+def write_bundle(path: Path, windows: np.ndarray, fp32_logits: np.ndarray, references: dict | None = None,
+                 greedy: tuple | None = None) -> None:
+    """windows [N, S + 1] (inputs are [:, :-1], next-token targets [:, 1:]); logits [N, S, V];
+    references: {name: logits} of the int8 eager references, stored as "reference/<name>";
+    greedy: (prompt, tokens) of the eager fp32 model's greedy continuation, or (prompt, tokens, {K: tokens})
+    with the continuations of the depth dial's K-cycle model too (stored as "greedy/eager_tokens.cK")."""
+    from hrm_edge.io import atomic_path
+
+    arrays = {"windows": windows, "fp32_logits": fp32_logits}
+    if greedy is not None:
+        arrays["greedy/prompt"], arrays["greedy/eager_tokens"] = greedy[:2]
+        for k, tokens in (greedy[2] if len(greedy) > 2 else {}).items():
+            arrays[f"greedy/eager_tokens.c{k}"] = tokens
+    arrays.update({f"reference/{k}": v for k, v in (references or {}).items()})
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+
+
+def load_bundle(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
+
+
+# ---- the gate over an export folder ----
+def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_bytes: int, tol: dict,
+                   logits_out: dict | None = None) -> dict:
+    """Verify one manifest entry: file present, sha256, size rule, numerical parity. Returns parity dict.
+    logits_out: if given, receives the artifact's logits as logits_out["logits"] (to compare two machines)."""
+    path = out_dir / art.path
+    if not path.is_file():
+        return {"passed": False, "reason": f"{art.path} is missing"}
+    digest = sha256_file(path)
+    if digest != art.sha256:
+        return {"passed": False, "reason": f"sha256 mismatch for {art.path}: manifest {art.sha256[:12]}…, "
+                                          f"file {digest[:12]}… (the file was modified)"}
+    # weights stored once: the artifact's own weight bytes (int8 ones for int8 artifacts) plus graph room
+    size_limit = int(1.10 * (art.weight_bytes if art.weight_bytes is not None else unique_weight_bytes) + 256 * 1024)
+    windows = bundle["windows"]
+    try:
+        logits = run_artifact(path, art, windows[:, :-1])
+    except Exception as e:  # a runtime that cannot load or run the artifact fails it; it is not a crash
+        return {"passed": False, "reason": f"{art.format} runtime error: {type(e).__name__}: {str(e)[:300]}"}
+    if logits_out is not None:
+        logits_out["logits"] = logits
+    targets = windows[:, 1:]
+    # a depth-dial artifact (fewer outer cycles) is compared with the eager fp32 model at its own depth
+    fp32_key = art.fp32_reference if art.fp32_reference is not None else "fp32_logits"
+    if fp32_key not in bundle:
+        return {"passed": False, "reason": f"the parity bundle has no fp32 reference {fp32_key!r}"}
+    fp32_name = "fp32 eager" if fp32_key == "fp32_logits" else f"fp32 eager, {art.cycles} outer cycle(s)"
+    if art.precision == "fp32":
+        checks = [compare(logits, bundle[fp32_key], targets, Tolerance(**tol["fp32_vs_fp32_eager"]), fp32_name)]
+    else:
+        key = f"reference/{art.reference}"
+        if key not in bundle:
+            return {"passed": False, "reason": f"the parity bundle has no {art.precision} reference {art.reference!r}"}
+        # vs its own eager reference: the runtime computes what was asked (the same bound at 8 and 4 bits);
+        # vs fp32: what quantization costs, with the bounds of its precision
+        checks = [compare(logits, bundle[key], targets, Tolerance(**tol["int8_vs_int8_reference"]),
+                          f"{art.precision} eager reference ({art.reference})"),
+                  compare(logits, bundle[fp32_key], targets, Tolerance(**tol[f"{art.precision}_vs_fp32_eager"]),
+                          fp32_name)]
+    reasons = [f"vs {c['reference']}: {c['reason']}" for c in checks if not c["passed"]]
+    greedy = greedy_check(path, art, bundle, reasons)
+    size = path.stat().st_size
+    if size > size_limit:
+        reasons.append(f"{size} bytes > size limit {size_limit}")
+    result = {"passed": not reasons, "reason": "; ".join(reasons), "bytes": size, "size_limit_bytes": size_limit,
+              "checks": checks}
+    if greedy is not None:
+        result["greedy_decode"] = greedy
+    return result
+
+
+def greedy_check(path: Path, art: Artifact, bundle: dict, reasons: list) -> dict | None:
+    """A KV-cache program replays the eager fp32 model's greedy continuation (at the artifact's depth) with its
+    own decode loop; an fp32 program must reproduce it exactly (the reason is appended to `reasons`)."""
+    greedy_key = "greedy/eager_tokens" + (f".c{art.cycles}" if art.fp32_reference is not None else "")
+    if art.program != "kv_cache" or greedy_key not in bundle:
+        return None
+    expected = bundle[greedy_key]
+    got = greedy_tokens(path, art.format, bundle["greedy/prompt"], len(expected))
+    n = min(len(got), len(expected))
+    greedy = {"new_tokens": int(len(expected)), "identical_to_eager_fp32": bool(np.array_equal(got, expected)),
+              "matching_prefix": int(np.argmin(np.append(got[:n] == expected[:n], False)))}
+    if art.precision == "fp32" and not greedy["identical_to_eager_fp32"]:
+        reasons.append(f"greedy {len(expected)}-token continuation differs from eager fp32 after "
+                       f"{greedy['matching_prefix']} tokens")
+    return greedy
+
+
+def check_summary(result: dict) -> str:
+    """One log line's worth of a check_artifact result: each comparison's max abs error and top-1."""
+    return "; ".join(f"vs {c['reference'].split(' (')[0]}: max abs {c['max_abs_logit_error']:.2e}, "
+                     f"top-1 {c['top1_agreement']:.4f}" for c in result.get("checks", []) if "top1_agreement" in c)
+
+
+def verify_reference(out_dir: Path, bundle: dict, manifest: dict | None = None) -> str | None:
+    """Recompute eager fp32 logits from the folder's checkpoint (its weights checked against the manifest's
+    sha256 first, its config against the manifest's model); return a failure reason or None."""
+    from hrm_edge.model.checkpoint import load_model
+
+    ckpt = (manifest or {}).get("checkpoint") or {}
+    if {"config", "weights"} <= set(ckpt):
+        try:
+            verify_files(out_dir, manifest, [ckpt["config"], ckpt["weights"]], hint="re-export")
+        except UserError as e:
+            return str(e)
+    model = load_model(out_dir)
+    ref = eager_logits(model, bundle["windows"][:, :-1])
+    err = float(np.abs(ref - bundle["fp32_logits"]).max())
+    if err > 1e-5 * float(ref.max() - ref.min()):
+        return f"parity bundle does not match the eager model in {out_dir} (max abs {err:.3g})"
+    return None
+
+
+def checked_bundle(out_dir: Path, manifest: dict, recompute_reference: bool, failures: list) -> dict | None:
+    """The parity bundle if its sha256 matches the manifest (and, if asked, the eager model still computes
+    its fp32 logits); otherwise None, with the reason appended to `failures`."""
+    bundle_path = out_dir / manifest["parity_bundle"]["path"]
+    if not bundle_path.is_file() or sha256_file(bundle_path) != manifest["parity_bundle"]["sha256"]:
+        failures.append(f"parity bundle {bundle_path.name} is missing or modified (sha256)")
+        return None
+    bundle = load_bundle(bundle_path)
+    if recompute_reference:
+        reason = verify_reference(out_dir, bundle, manifest)
+        if reason:
+            failures.append(reason)
+    return bundle
+
+
+def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, log=print,
+             skip: dict | None = None) -> bool:
+    """Check every artifact of `manifest` (edited in place); write manifest.json and parity_report.md.
+    skip: {format: reason} for formats this machine cannot run (listed in the manifest, never "passed")."""
+    target = host_target()
+    failures = []
+    skip = skip or {}
+    skipped = []
+    bundle = checked_bundle(out_dir, manifest, recompute_reference, failures)
+    tok_path = out_dir / manifest["tokenizer"]["path"]
+    if not tok_path.is_file() or sha256_file(tok_path) != manifest["tokenizer"]["sha256"]:
+        failures.append("tokenizer.json is missing or modified (sha256)")
+    for art in manifest["artifacts"]:
+        if art.format in skip:
+            skipped.append({"path": art.path, "reason": skip[art.format]})
+            log(f"  SKIP {art.path:<34} {skip[art.format]}")
+            continue
+        if bundle is None:
+            result = {"passed": False, "reason": "no valid parity bundle"}
+        else:
+            result = check_artifact(out_dir, art, bundle, manifest["unique_weight_bytes"], manifest["tolerances"])
+        art.record_parity(target, result)
+        status = "PASS" if result["passed"] else "FAIL"
+        log(f"  {status} {art.path:<34} {check_summary(result)} {result.get('reason', '')}".rstrip())
+        if not result["passed"]:
+            failures.append(f"{art.path}: {result['reason']}")
+    manifest["passed"] = not failures
+    manifest["failures"] = failures
+    manifest.setdefault("skipped", {})[target] = skipped
+    write_manifest(out_dir, manifest)
+    return not failures
+
+
+def target_rows(manifest: dict, target: str) -> list[dict]:
+    """One row per artifact, CPU model and comparison of a target check (for the console and the report)."""
+    rows = []
+    for art in manifest["artifacts"]:
+        for cpu, r in (art.targets or {}).get(target, {}).items():
+            checks = [c for c in r.get("checks", []) if "top1_agreement" in c] or [None]
+            for i, c in enumerate(checks):
+                rows.append({"artifact": art.path, "cpu": cpu, "check": c, "first": i == 0, "result": r})
+    return rows
+
+
+def write_manifest(out_dir: Path, manifest: dict) -> None:
+    """The manifest and its readable twin are written together, the report first (the manifest is the contract)."""
+    atomic_write_text(out_dir / REPORT, render_report(manifest))
+    atomic_write_text(out_dir / MANIFEST, manifest_json(manifest))
+
+
+# ---- parity_report.md ----
+def _check_cells(c: dict | None, bounds: bool) -> str:
+    """A comparison's table cells: reference | max abs | tol | top-1 [(>= bound)] | ppl / ref ppl."""
+    if c is None:
+        return "– | – | – | – | –"
+    top1 = f"{c['top1_agreement']:.4f}" + (f" (≥ {c['tolerance']['min_top1']})" if bounds else "")
+    return (f"{c['reference']} | {c['max_abs_logit_error']:.2e} | {c['tolerance']['max_abs_logit_error']:.2e} | "
+            f"{top1} | {c['perplexity']:.3f} / {c['reference_perplexity']:.3f}")
+
+
+def _host_section(manifest: dict) -> list[str]:
+    m = manifest["model"]
+    lines = [
+        "# Parity report",
+        "",
+        f"Model: {m['arch']}, d_model {m['d_model']}, T = {manifest['block_applications']} block applications, "
+        f"{manifest['parameters']['unique']:,} unique parameters "
+        f"({manifest['parameters']['per_application']:,} counting each application), "
+        f"unique weight bytes {manifest['unique_weight_bytes']:,}.",
+        f"Reference: fp32 eager PyTorch on {manifest['parity_bundle']['samples']} held-out validation windows of "
+        f"{manifest['parity_bundle']['seq_len']} tokens.",
+        "",
+        "| artifact | format | precision | target | bytes | compared with | max abs err | tol | top-1 | ppl / ref ppl | passed |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for art in manifest["artifacts"]:
+        for target, r in (art.parity or {}).items():
+            ok = "yes" if r["passed"] else f"**NO**: {r.get('reason', '')}"
+            for c in [c for c in r.get("checks", []) if "top1_agreement" in c] or [None]:
+                lines.append(f"| {art.path} | {art.format} | {art.precision} | {target} | "
+                             f"{art.bytes:,} | {_check_cells(c, bounds=True)} | {ok} |")
+    greedy = [(art.path, target, r["greedy_decode"]) for art in manifest["artifacts"]
+              for target, r in (art.parity or {}).items() if "greedy_decode" in r]
+    if greedy:
+        lines += ["", "KV-cache programs are checked by prefill + one decode step per token against the full-sequence "
+                  "logits (rows above), and by a greedy continuation from the eager fp32 model's:", "",
+                  "| artifact | target | new tokens | identical to eager fp32 | matching prefix |", "|---|---|---:|---|---:|"]
+        lines += [f"| {p} | {t} | {g['new_tokens']} | {'yes' if g['identical_to_eager_fp32'] else 'no'} | "
+                  f"{g['matching_prefix']} |" for p, t, g in greedy]
+    for target, items in manifest.get("skipped", {}).items():
+        for item in items:
+            lines.append(f"\nNot checked on {target}: {item['path']} ({item['reason']})")
+    lines += ["", f"Overall: {'PASSED' if manifest.get('passed') else 'FAILED'}"]
+    return lines + [f"- {f}" for f in manifest.get("failures", [])]
+
+
+def _target_section(manifest: dict, target: str, t: dict) -> list[str]:
+    lines = ["", f"## {target}: {'PASSED' if t.get('passed') else 'FAILED'}", ""]
+    if t.get("emulator"):
+        v = t.get("versions", {})
+        lines.append(f"{t['emulator']} on a {t['host']} host; aarch64 wheels: "
+                     + ", ".join(f"{k} {v[k]}" for k in ("onnxruntime", "numpy", "torch", "executorch") if k in v)
+                     + f"; Debian bookworm arm64 Python {v.get('python', '?')}. CPU models:")
+        lines += [f"- `{cpu}` ({c['seconds']:.0f} s): {c['cpu_features']}" for cpu, c in t["cpu_models"].items()]
+        lines.append("")
+    lines += ["| artifact | CPU model | compared with | max abs err | tol | top-1 | ppl / ref ppl | "
+              f"x86 vs {target} max abs | greedy = eager | s | passed |", "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
+    for row in target_rows(manifest, target):
+        r = row["result"]
+        ok = "yes" if r["passed"] else f"**NO**: {r.get('reason', '')}"
+        x86, greedy = r.get("x86_vs_arm64_max_abs"), r.get("greedy_decode")
+        per_run = (f"{'–' if x86 is None else f'{x86:.2e}'} | "
+                   f"{'–' if greedy is None else ('yes' if greedy['identical_to_eager_fp32'] else 'no')} | "
+                   f"{r.get('seconds', 0):.1f} | {ok}") if row["first"] else " | | | "
+        lines.append(f"| {row['artifact']} | {row['cpu']} | {_check_cells(row['check'], bounds=False)} | {per_run} |")
+    lines += [f"\nNot checked on {target}: {s['path']} ({s['reason']})" for s in t.get("skipped", [])]
+    return lines + [f"- {f}" for f in t.get("failures", [])]
+
+
+def render_report(manifest: dict) -> str:
+    lines = _host_section(manifest)
+    for target, t in manifest.get("targets", {}).items():
+        lines += _target_section(manifest, target, t)
+    return "\n".join(lines) + "\n"
+
+
+# ---- CLI ----
+def main(argv=None, target_main=None) -> int:
+    """python -m hrm_edge.parity. target_main(args, manifest, target, cpu models, skip) -> exit code runs the
+    gate on another target (the script entry below passes hrm_edge.verify.arm64.target_main)."""
+    p = argparse.ArgumentParser(prog="python -m hrm_edge.parity", description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", type=Path, help="export folder (holds manifest.json)")
+    p.add_argument("--bundle-only", action="store_true",
+                   help="check the artifacts against the parity bundle's expected outputs only: no torch for ONNX "
+                        "(numpy + onnxruntime suffice, as on a small device); .pte files are checked only where "
+                        "executorch is installed, and named as skipped otherwise; with --target aarch64: the bundle is "
+                        "not re-derived from the checkpoint on this host (no torch needed here for ONNX)")
+    p.add_argument("--formats", default="onnx,pte", help="comma-separated formats to check (default onnx,pte; "
+                                                         "onnx includes the .ort files)")
+    p.add_argument("--target", choices=("host", "aarch64"), default="host",
+                   help="where the artifacts run: host (default: this machine's CPU), or aarch64: real ARM64 kernels "
+                        "under QEMU user-mode emulation, one emulated Python per --cpu model, compared with the parity "
+                        "bundle with the same tolerances and with this host's logits (x86_vs_arm64_max_abs); results "
+                        "go to each artifact's \"targets\" entry in manifest.json and to the report. The first run "
+                        "fetches an arm64 Python, qemu-aarch64 and aarch64 wheels into ~/.cache/hrm-edge/aarch64 "
+                        "($XDG_CACHE_HOME): ~0.2 GB for ONNX/ORT, ~4.5 GB with .pte (torch links CUDA libraries), "
+                        "see python -m hrm_edge.arm64 --help")
+    p.add_argument("--cpu", default=None, metavar="MODELS",
+                   help="with --target aarch64: comma-separated QEMU CPU models (default cortex-a76,max: a phone-class "
+                        "Armv8.2 core with NEON + dot product, and QEMU's all-features model with i8mm/SVE/SME, so "
+                        "different int8 kernels run)")
+    a = p.parse_args(argv)
+    formats = {f.strip() for f in a.formats.split(",") if f.strip()}
+    if not formats or formats - {"onnx", "pte"}:
+        raise UserError("--formats takes a comma-separated subset of onnx,pte")
+    if a.cpu is not None and a.target == "host":
+        raise UserError("--cpu selects emulated CPU models; it needs --target aarch64")
+    cpus = [c.strip() for c in (a.cpu or "cortex-a76,max").split(",") if c.strip()]
+    if a.target != "host" and (not cpus or len(set(cpus)) != len(cpus)):
+        raise UserError(f"--cpu takes a comma-separated list of distinct CPU models, got {a.cpu!r}")
+    manifest = read_manifest(a.dir)
+    if "onnx" in formats:
+        formats.add("ort")
+    skip = {f: f"not asked for (--formats {a.formats})" for f in {"onnx", "ort", "pte"} - formats}
+    if a.target != "host":
+        if target_main is None:
+            raise UserError(f"--target {a.target}: run it as python -m hrm_edge.parity (the emulated gate is "
+                            "hrm_edge.verify.arm64's)")
+        return target_main(a, manifest, a.target, cpus, skip)
+    if a.bundle_only and "pte" in formats:
+        import importlib.util
+
+        if importlib.util.find_spec("executorch") is None:
+            skip["pte"] = "executorch is not installed here"
+    print(f"parity check of {a.dir} on {host_target()}{' (bundle only)' if a.bundle_only else ''}")
+    ok = run_gate(a.dir, manifest, recompute_reference=not a.bundle_only, skip=skip)
+    return verdict(ok, "", a.dir, manifest["skipped"][host_target()], manifest["failures"])
+
+
+def verdict(ok: bool, where: str, out_dir: Path, skipped: list, failures: list) -> int:
+    """The CLI's last lines: verdict, report path, what was not checked; failures on stderr. Exit code."""
+    print(f"{'PASSED' if ok else 'FAILED'}{where}: report in {out_dir / REPORT}"
+          + (f"; {len(skipped)} artifact(s) NOT checked: {', '.join(s['path'] for s in skipped)}" if skipped else ""))
+    for f in ([] if ok else failures):
+        print(f"  {f}", file=sys.stderr)
+    return 0 if ok else 1
