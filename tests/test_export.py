@@ -299,3 +299,15 @@ def test_bundle_only_checks_onnx_without_torch(tiny_export, tmp_path):
     m = load_manifest(d)
     skipped = next(iter(m["skipped"].values()))
     assert {s["path"] for s in skipped} == {a["path"] for a in m["artifacts"] if a["format"] == "pte"}
+
+
+def test_artifact_names():
+    from hrm_edge.export.names import artifact_name, ort_name
+
+    assert artifact_name("hrm", "fp32", "onnx") == "hrm.fp32.onnx"
+    assert artifact_name("hrm", "int8-static-perstep", "onnx", "kv_cache") == "hrm.int8-static-perstep.kv.onnx"
+    assert artifact_name("hrm", "int8-dynamic", "pte", "kv_cache", n_cycles=1) == "hrm.int8-dynamic.c1.kv.pte"
+    assert artifact_name("transformer", "fp32", "pte", "kv_cache") == "transformer.fp32.kv.pte"
+    assert ort_name("out/hrm.fp32.kv.onnx") == "hrm.fp32.kv.ort"
+    with pytest.raises(ValueError):
+        artifact_name("hrm", "fp32", "tflite")
