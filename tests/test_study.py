@@ -2,7 +2,7 @@
 
 The quick budget trains thirteen tiny models for 40 steps, so only robust things are asserted: every model
 learned something, the sizes are what the study claims, the files and the table are there, and the
-int8 programs decode. Which model wins is the full run's business (README), not CI's.
+int8 programs decode. Which model wins is the full run's business (docs/measurements.md), not CI's.
 """
 import json
 import math
