@@ -55,7 +55,7 @@ class Artifact:
     bytes: int | None = None  # file size and digest (set once the file is final; always in a manifest)
     sha256: str | None = None
     parity: dict | None = None  # {host target: check result}
-    targets: dict | None = None  # {target: {CPU model: check result}} (hrm_edge.verify.arm64)
+    targets: dict | None = None  # {target: {CPU model: check result}} (hrm_edge.verify.arm64_gate)
 
     @classmethod
     def new(cls, path: Path | str, fmt: str, precision: str, program: str, iteration: str, **optional) -> "Artifact":
