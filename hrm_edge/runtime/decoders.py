@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from hrm_edge.runtime.xnnpack_options import set_weight_cache
+
 
 class Decoder:
     """prefill(tokens [S]) -> logits [S, V]; decode(token) -> logits [V]. Subclasses implement _run."""
@@ -76,8 +78,6 @@ class PteDecoder(Decoder):
 
             _unsafe_reset_threadpool(threads)
         if weight_cache is not None:
-            from hrm_edge.runtime.xnnpack_options import set_weight_cache
-
             set_weight_cache(weight_cache)  # read when the program's delegates are initialised, at load
         self.torch = torch
         program = Runtime.get().load_program(str(path))
