@@ -3,7 +3,9 @@
     python -m hrm_edge.bench export/out                 # 1 thread, tables on stdout, JSON in DIR/bench.json
     python -m hrm_edge.bench export/out --threads 2 --no-baseline
 
-Each artifact (and the eager fp32 model) runs in a fresh process, so load time and peak RSS are its own.
+Each artifact (and the eager fp32 model) runs in a fresh process, so load time and peak RSS are its own
+(hrm_edge.measure.harness, shared with peers and study; every caption names the CPU, bench.json records it).
+The runtimes' own log lines and the export stack's warnings are shown with --verbose only.
 Full-sequence programs: forward latency at batch 1 (median of --repeats after a warm-up), tokens/s, bytes
 and the ratio to the fp32 artifact of the same format, with the quality columns (perplexity and top-1
 agreement vs fp32 eager) read from the manifest's parity results.
@@ -233,8 +235,8 @@ def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repea
     baseline = ort_dynamic_baseline(out_dir, manifest, log) if ort_baseline else None
     rows = []
     for path, fmt, precision, quantization, known in _full_sequence_programs(manifest, baseline):
-        row = run_child(["forward", out_dir, path, "--seq-len", seq_len, "--repeats", repeats, *child_flags(weight_cache)],
-                        threads, verbose)
+        args = ["forward", out_dir, path, "--seq-len", seq_len, "--repeats", repeats, *child_flags(weight_cache)]
+        row = run_child(args, threads, verbose)
         row.update(format=fmt, precision=precision, mode=quantization.get("mode", ""),
                    scales=quantization.get("activation_scales", "").split(" ")[0])
         row.update(known)
@@ -291,7 +293,8 @@ def render_peer_ratios(result: dict) -> str:
     if not best:
         return ""
     peers = {r["artifact"]: r for r in result["decode"]["rows"] if r["model"] == "peer"}
-    lines = [f"Decode against what each runtime's own tooling makes at the same shape (random weights).{cpu_words(result)}", "",
+    lines = ["Decode against what each runtime's own tooling makes at the same shape (random weights)."
+             + cpu_words(result), "",
              "| runtime | ours (fastest of its class) | bytes | decode tok/s | peer | bytes | decode tok/s | ours / peer |",
              "|---|---|---:|---:|---|---:|---:|---:|"]
     for (peer_name, _), r in sorted(best.items()):

@@ -30,7 +30,8 @@ from hrm_edge.runtime.xnnpack_options import set_weight_cache
 # what loading each kind of program imports, done before the load clock starts: load time is the artifact's
 # cost, not the interpreter's
 EAGER_IMPORTS = ("torch", "safetensors.torch", "hrm_edge.model.lm", "hrm_edge.model.eager")
-PTE_IMPORTS = ("torch", "executorch.kernels.quantized", "executorch.runtime", "executorch.extension.pybindings.portable_lib")
+PTE_IMPORTS = ("torch", "executorch.kernels.quantized", "executorch.runtime",
+               "executorch.extension.pybindings.portable_lib")
 KV_PTE_IMPORTS = ("executorch.extension.llm.custom_ops.custom_ops",)  # the KV programs' cache and attention ops
 
 
@@ -97,7 +98,8 @@ def _no_grad(torch, model, x):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hrm_edge.measure.child", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kind", choices=("decode", "peer-decode", "forward"))
     p.add_argument("dir", type=Path, help="the folder holding the program (export, checkpoint, baseline or peers)")
     p.add_argument("artifact", help="file name in DIR, or eager")

@@ -364,5 +364,6 @@ def main(argv=None) -> int:
     cpu = cpu_info(a.threads)
     print(render_peer_table(shape, rows, programs, cpu))
     if a.json:
-        atomic_write_text(a.json, json.dumps({"shape": dataclasses.asdict(shape), "cpu": cpu, "rows": rows}, indent=2) + "\n")
+        record = {"shape": dataclasses.asdict(shape), "cpu": cpu, "rows": rows}
+        atomic_write_text(a.json, json.dumps(record, indent=2) + "\n")
     return 0

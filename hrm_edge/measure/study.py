@@ -390,7 +390,8 @@ def render(study: dict) -> str:
               f"{d.get('threads', '?')} thread, median of {d.get('rounds', '?')} round(s) interleaved across the models "
               f"(each round a fresh process, median of {d.get('repeats_per_round', '?')} generations); "
               "'–' = not measured (ablations only with --decode-ablations).",
-              f"- machine: {describe_cpu(study.get('cpu', {}))}, shared with other work (1-minute load average during training "
+              f"- machine: {describe_cpu(study.get('cpu', {}))}; shared with other work (1-minute load average "
+              f"during training "
               f"{min(loads):.1f}-{max(loads):.1f}), so tokens/s figures carry that noise." if loads else "",
               f"- wall time of this invocation {_duration(study['wall_time_s'])}; per model, summed over runs: "
               f"training loops {_duration(study['models_train_wall_s'])}, int8 lowering {_duration(study['models_export_s'])}.",
@@ -522,7 +523,8 @@ def main(argv=None) -> int:
         os.environ.setdefault("RAYON_NUM_THREADS", str(a.threads))
     study = run_study(budget, a.out, StudyOptions(only=only, resume=a.resume, threads=a.threads,
                                                   decode_threads=a.decode_threads, decode_ablations=a.decode_ablations,
-                                                  train_only=a.train_only, progress=not a.no_progress, verbose=a.verbose,
+                                                  train_only=a.train_only, progress=not a.no_progress,
+                                                  verbose=a.verbose,
                                                   command=shlex.join(["python", "-m", "hrm_edge.study", *argv])))
     if a.train_only:
         return 0

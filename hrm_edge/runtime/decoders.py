@@ -1,9 +1,9 @@
 """Prefill + decode with a KV cache, in each runtime, and sampling. numpy in, numpy out.
 
 A Decoder has prefill(tokens [S]) -> logits [S, V] and decode(token) -> logits [V]; reset() starts a
-new sequence. The ONNX decoder needs numpy and onnxruntime alone (so a device can run it; every onnxruntime
-session of the package is made by ort_session), the .pte decoder executorch (whose pybindings need torch; imported when one is made). The eager model's decoder, which has the
-same two methods, is hrm_edge.model.eager.EagerDecoder.
+new sequence. The ONNX decoder needs numpy and onnxruntime alone (so a device can run it; ort_session makes
+the package's onnxruntime sessions), the .pte decoder executorch (whose pybindings need torch; imported when
+one is made). The eager model's decoder, which has the same two methods, is hrm_edge.model.eager.EagerDecoder.
 """
 from __future__ import annotations
 
