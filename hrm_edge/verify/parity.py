@@ -30,7 +30,7 @@ import numpy as np
 
 from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_path, atomic_write_text, sha256_file
-from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, decode_logits, generate
+from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
 from hrm_edge.runtime.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest
 
 
@@ -127,11 +127,7 @@ def compare(logits: np.ndarray, reference: np.ndarray, targets: np.ndarray, tol:
 # ---- runtimes (numpy in, numpy out) ----
 def run_onnx(path: Path, tokens: np.ndarray) -> np.ndarray:
     """tokens [N, S] int64 -> logits [N, S, V] float32 with onnxruntime on the CPU."""
-    import onnxruntime as ort  # optional here: a .pte-only device checks without it
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(path)
     name = sess.get_inputs()[0].name
     return sess.run(None, {name: np.ascontiguousarray(tokens, dtype=np.int64)})[0]
 
