@@ -1,7 +1,9 @@
+import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -13,6 +15,27 @@ def run_module(module: str, *args, timeout=900, cwd=None):
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=cwd or REPO)
+
+
+class ParserBuilt(Exception):
+    pass
+
+
+def parser_of(main) -> argparse.ArgumentParser:
+    """The parser a CLI's main(argv) builds, caught where it would parse: nothing after that runs."""
+    built = []
+
+    def catch(self, *args, **kwargs):
+        built.append(self)
+        raise ParserBuilt
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", catch), \
+            mock.patch.object(argparse.ArgumentParser, "parse_known_args", catch):
+        try:
+            main(["--help"])
+        except ParserBuilt:
+            return built[0]
+    raise AssertionError(f"{main.__module__}.main returned without parsing its arguments")
 
 
 @pytest.fixture(scope="session")

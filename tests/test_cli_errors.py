@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from conftest import run_module
+from conftest import parser_of, run_module
 
 
 def assert_user_error(proc, *needles):
@@ -91,35 +91,16 @@ COMMANDS = {
 }
 
 
-class ParserBuilt(Exception):
-    pass
-
-
-def parser_of(main, monkeypatch) -> argparse.ArgumentParser:
-    """The parser main(argv) builds, caught where it would parse: nothing after that runs."""
-    built = []
-
-    def catch(self, *args, **kwargs):
-        built.append(self)
-        raise ParserBuilt
-
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", catch)
-    with pytest.raises(ParserBuilt):
-        main(["--help"])
-    return built[0]
-
-
 def squeezed(text: str) -> str:
     return re.sub(r"\s+", "", text)  # argparse wraps help to the terminal's width (and at hyphens)
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_help_explains_flags(command, monkeypatch):
+def test_help_explains_flags(command):
     """`python -m hrm_edge.X --help` exits 0 and shows each of the parser's flags and positionals with its own
     non-empty help text; the flags are the expected ones (a flag lost or added without help fails here)."""
     module, flags = COMMANDS[command]
-    parser = parser_of(importlib.import_module(module).main, monkeypatch)
+    parser = parser_of(importlib.import_module(module).main)
     proc = run_module(f"hrm_edge.{command}", "--help")
     assert proc.returncode == 0 and not proc.stderr, proc.stderr[-2000:]
     assert proc.stdout.startswith(f"usage: python -m hrm_edge.{command}"), proc.stdout[:200]
