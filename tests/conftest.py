@@ -1,7 +1,9 @@
+import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -15,10 +17,45 @@ def run_module(module: str, *args, timeout=900, cwd=None):
                           timeout=timeout, env=env, cwd=cwd or REPO)
 
 
+class ParserBuilt(Exception):
+    pass
+
+
+def parser_of(main) -> argparse.ArgumentParser:
+    """The parser a CLI's main(argv) builds, caught where it would parse: nothing after that runs."""
+    built = []
+
+    def catch(self, *args, **kwargs):
+        built.append(self)
+        raise ParserBuilt
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", catch), \
+            mock.patch.object(argparse.ArgumentParser, "parse_known_args", catch):
+        try:
+            main(["--help"])
+        except ParserBuilt:
+            return built[0]
+    raise AssertionError(f"{main.__module__}.main returned without parsing its arguments")
+
+
+# fixtures that train or export (minutes each): only tests marked slow may use them, so that -m "not slow" stays
+# the fast subset
+EXPORTING_FIXTURES = {"tiny_export", "tiny_checkpoint", "onnx_export", "two_full_exports", "default_export",
+                      "tiny_peers"}
+
+
+def pytest_collection_modifyitems(items):
+    unmarked = [item.nodeid for item in items
+                if EXPORTING_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow")]
+    if unmarked:
+        raise pytest.UsageError(f"mark these tests slow (they use an exporting fixture): {unmarked}")
+
+
 @pytest.fixture(scope="session")
 def tiny_export(tmp_path_factory):
-    """One end-to-end tiny export shared by the slow tests (trains ~30 s, exports ~2 min), with the depth
-    dial's 1-cycle artifacts and the opt-in 4-bit program."""
+    """The one end-to-end tiny export of the suite (trains ~30 s, exports ~2 min), with the depth dial's 1-cycle
+    artifacts, every int8 variant and the opt-in 4-bit program: the slow tests of test_export, test_generate,
+    test_reliability, test_android_core and test_arm64 read it, and copy it before changing anything."""
     out = tmp_path_factory.mktemp("tiny_export")
     proc = run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--cycles", "1", "--int8", "static,static-shared,dynamic,8da4w",
                       "--no-progress", timeout=1800)

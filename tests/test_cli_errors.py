@@ -1,7 +1,11 @@
-"""Bad input: one clear line on stderr, exit code 2, never a traceback."""
+"""Bad input: one clear line on stderr, exit code 2, never a traceback; and each command's --help."""
+import argparse
+import importlib
+import re
+
 import pytest
 
-from conftest import run_module
+from conftest import parser_of, run_module
 
 
 def assert_user_error(proc, *needles):
@@ -62,10 +66,55 @@ def test_parity_on_a_non_export_folder(tmp_path):
     assert_user_error(run_module("hrm_edge.parity", tmp_path / "nope"), "not found")
 
 
-@pytest.mark.parametrize("module", ["hrm_edge.export", "hrm_edge.train", "hrm_edge.parity"])
-def test_help_explains_flags(module):
-    proc = run_module(module, "--help")
-    assert proc.returncode == 0 and "usage:" in proc.stdout
+# every command README names: its entry's main, and the flags its --help must show (internal flags that a parent
+# process passes to its child are hidden: help=SUPPRESS)
+COMMANDS = {
+    "corpus": ("hrm_edge.train.corpus", "--cache --out --recipe --project-cap --no-stdlib-reference --pin --jobs "
+               "--no-progress"),
+    "train": ("hrm_edge.train.loop", "--preset --out --corpus --steps --seed --resume --threads --no-progress "
+              "--speed-test"),
+    "export": ("hrm_edge.export.pipeline", "--preset --checkpoint --out --corpus --steps --parity-samples --formats "
+               "--int8 --calib-samples --calib-corpus --cycles --no-progress"),
+    "parity": ("hrm_edge.verify.parity", "--bundle-only --formats --target --cpu"),
+    "arm64": ("hrm_edge.verify.arm64", "--no-pte"),
+    "complete": ("hrm_edge.app.complete", "--artifacts --runtime --precision --max-new-tokens --temperature --top-k "
+                 "--top-p --seed --threads --truncate --no-verify"),
+    "demo": ("hrm_edge.app.demo", "--host --port --no-verify --quiet"),
+    "bench": ("hrm_edge.measure.bench", "--threads --seq-len --repeats --prompt-len --new-tokens --no-baseline --peers "
+              "--rounds --no-weight-cache --json --no-verify"),
+    "peers": ("hrm_edge.measure.peers", "--out --shape --build-only --threads --prompt-len --new-tokens --repeats "
+              "--no-weight-cache"),
+    "evaluate": ("hrm_edge.measure.evaluate", "--corpus --max-bytes --seq-len --samples --threads --out"),
+    "study": ("hrm_edge.measure.study", "--budget --out --only --resume --corpus --threads --decode-threads "
+              "--decode-ablations --train-only --no-progress"),
+    "sysdeps": ("hrm_edge.verify.sysdeps", "--check"),
+}
+
+
+def squeezed(text: str) -> str:
+    return re.sub(r"\s+", "", text)  # argparse wraps help to the terminal's width (and at hyphens)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_explains_flags(command):
+    """`python -m hrm_edge.X --help` exits 0 and shows each of the parser's flags and positionals with its own
+    non-empty help text; the flags are the expected ones (a flag lost or added without help fails here)."""
+    module, flags = COMMANDS[command]
+    parser = parser_of(importlib.import_module(module).main)
+    proc = run_module(f"hrm_edge.{command}", "--help")
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr[-2000:]
+    assert proc.stdout.startswith(f"usage: python -m hrm_edge.{command}"), proc.stdout[:200]
+    shown = squeezed(proc.stdout)
+    visible = [a for a in parser._actions if a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
+    assert sorted(o for a in visible for o in a.option_strings) == sorted(flags.split())
+    for action in visible:
+        assert action.help and action.help.strip(), (command, action.option_strings or action.dest)
+        explained = squeezed(action.help.split("%(")[0])  # up to any %(default)s, which argparse fills in
+        assert len(explained) >= 4 and explained in shown, (command, action.option_strings, action.help)
+        for name in action.option_strings or [action.metavar or action.dest]:
+            assert re.search(rf"(^|[\s,\[]){re.escape(name)}(?![\w-])", proc.stdout), (command, name)
+    hidden = [o for a in parser._actions if a.help == argparse.SUPPRESS for o in a.option_strings]
+    assert not [o for o in hidden if re.search(rf"{re.escape(o)}(?![\w-])", proc.stdout)], hidden
 
 
 def test_train_needs_out():

@@ -19,7 +19,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import run_module
+from conftest import parser_of, run_module
 from hrm_edge.measure import bench
 from hrm_edge.app import complete
 from hrm_edge.app import demo
@@ -52,6 +52,17 @@ def run_in_process(main, argv, stdin: bytes = b""):
         sys.stdin = real_stdin
         torch.set_num_threads(threads)  # --threads must not leak into the other tests
     return code, out.buffer.getvalue().decode(), err.buffer.getvalue().decode()
+
+
+def assert_outcome(code, stdout, stderr, expected: int, needle: str = ""):
+    """Exit code `expected`; a refusal (2) is one `error:` line holding `needle`, a success writes the stats line."""
+    assert code == expected, (code, expected, stderr[-2000:])
+    assert "Traceback" not in stderr
+    if expected == 2:
+        lines = [line for line in stderr.splitlines() if line.startswith("error:") or ": error: " in line]
+        assert len(lines) == 1 and needle in lines[0], (needle, stderr[-2000:])
+    else:
+        assert "decode" in stdout.splitlines()[-1], stdout[-2000:]
 
 
 def assert_exit_0_or_2(code, stderr):
@@ -129,10 +140,31 @@ def test_complete_arguments(folders, data):
     if data.draw(st.booleans()):
         base = ["--artifacts", str(folders["good"]), "--runtime", "eager", "--max-new-tokens", "3", "def f("]
         argv = base + data.draw(argv_of(options, ["--truncate", "--no-verify"], max_flags=2, junk=False))
-    else:
+        code, out, err = run_in_process(complete.main, argv)
+        assert_outcome(code, out, err, *complete_outcome(argv, folders))
+    else:  # any flags, any values: the property is the one-line refusal, whichever exit code
         argv = data.draw(argv_of(options, ["--truncate", "--no-verify"], st.lists(ARG_TEXT, max_size=1), max_flags=3))
-    code, _, err = run_in_process(complete.main, argv, stdin=b"def f(")
-    assert_exit_0_or_2(code, err)
+        code, _, err = run_in_process(complete.main, argv, stdin=b"def f(")
+        assert_exit_0_or_2(code, err)
+
+
+COMPLETE_PARSER = parser_of(complete.main)
+
+
+def complete_outcome(argv: list, folders) -> tuple[int, str]:
+    """What `complete` must do with argv (exit code, a word of its error line), worked out apart from it:
+    argparse's verdict, then the ranges its --help states, then which folder and program it may run (the good
+    export runs eagerly in fp32 only; the flipped one only unverified)."""
+    try:
+        a = COMPLETE_PARSER.parse_args(argv)
+    except SystemExit:
+        return 2, "error: argument"
+    if a.max_new_tokens < 1 or not 0 <= a.threads <= complete.MAX_THREADS or a.seed < 0:
+        return 2, "--max-new-tokens must be"
+    if not (a.temperature == 0 or 1e-4 <= a.temperature <= 1e4) or not 0 < a.top_p <= 1 or a.top_k < 0:
+        return 2, "--temperature must be"
+    runnable = a.artifacts == folders["good"] or (a.artifacts == folders["bad"]["flipped"] and a.no_verify)
+    return (0, "") if runnable and a.runtime == "eager" and a.precision == "fp32" else (2, "")
 
 
 EDGES = {"int": ["-9223372036854775808", "-1", "0", "1", "2", "255", "256", "257", "4294967296", "x", ""],
@@ -145,13 +177,18 @@ def test_complete_flag_edges_one_at_a_time(folders):
     base = ["--artifacts", str(folders["good"]), "--runtime", "eager", "--max-new-tokens", "2", "def f("]
     flags = {"--max-new-tokens": "int", "--top-k": "int", "--seed": "int", "--threads": "int", "--temperature": "real",
              "--top-p": "real"}
-    outcomes = set()
+    # the values each flag accepts (its --help's range); every other edge value is refused in one line
+    valid = {"--max-new-tokens": {"1", "2", "255", "256", "257", "4294967296"},
+             "--top-k": {"0", "1", "2", "255", "256", "257", "4294967296"},
+             "--seed": {"0", "1", "2", "255", "256", "257", "4294967296"},
+             "--threads": {"0", "1", "2", "255", "256"},
+             "--temperature": {"0", "-0.0", "1e-4", "0.5", "1", "1.0000001", "1e4"},
+             "--top-p": {"5e-324", "1e-310", "1e-5", "1e-4", "0.5", "1"}}
     for flag, kind in flags.items():
         for value in EDGES[kind]:
-            code, _, err = run_in_process(complete.main, base + [flag, value])
-            assert_exit_0_or_2(code, err)
-            outcomes.add(code)
-    assert outcomes == {0, 2}  # both reached: the edges are on both sides
+            code, out, err = run_in_process(complete.main, base + [flag, value])
+            needle = "" if value in valid[flag] else ("argument " + flag) if value in ("x", "") else flag
+            assert_outcome(code, out, err, 0 if value in valid[flag] else 2, needle)
 
 
 @FUZZ
@@ -172,6 +209,7 @@ def test_export_and_train_arguments(folders, data):
     argv = data.draw(argv_of(options, switches)) + ["--out", str(folders["unwritable"])]
     code, _, err = run_in_process(main, argv)
     assert_exit_0_or_2(code, err)
+    assert code == 2 or "--help" in argv or "-h" in argv  # 0 only for the help text: nothing can be written
 
 
 @FUZZ
@@ -208,13 +246,24 @@ PROMPT = st.one_of(st.lists(CODEPOINT, max_size=30).map(lambda cs: "".join(map(c
 @example(prompt="\udc80abc", via_stdin=False)
 @example(prompt="a" * 200_000, via_stdin=True)
 @example(prompt="\x00\x1b[2J\r\n\t", via_stdin=False)
-def test_complete_prompts(folders, prompt, via_stdin):
+def test_complete_prompts(folders, tokenizer, prompt, via_stdin):
     argv = ["--artifacts", str(folders["good"]), "--runtime", "eager", "--max-new-tokens", "3"]
     stdin = prompt.encode("utf-8", "surrogatepass")  # a lone surrogate becomes bytes that are not UTF-8
     code, out, err = run_in_process(complete.main, argv + ([] if via_stdin else [prompt]), stdin if via_stdin else b"")
-    assert_exit_0_or_2(code, err)
+    assert_outcome(code, out, err, *prompt_outcome(prompt, via_stdin, tokenizer, folders["good"]))
     if code == 0:
-        assert out.startswith(prompt) and "decode" in out.splitlines()[-1]
+        assert out.startswith(prompt)
+
+
+def prompt_outcome(prompt: str, via_stdin: bool, tokenizer, export_dir) -> tuple[int, str]:
+    """(exit code, a word of the error line): a prompt that is not Unicode text, is empty or fills the context
+    (one token must fit after it) is refused; every other prompt completes."""
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in prompt):
+        return 2, "not UTF-8" if via_stdin else "not valid UTF-8"
+    if not prompt:
+        return 2, "empty prompt"
+    context = json.loads((export_dir / "manifest.json").read_text())["model"]["max_seq_len"]
+    return (2, "context") if len(tokenizer.encode(prompt, add_special_tokens=False).ids) >= context else (0, "")
 
 
 def test_a_prompt_with_every_unicode_plane_completes(folders):

@@ -81,7 +81,9 @@ def test_executorch_text_llm_runner_runs_our_program(tiny_export):
     runner.generate("def ", config, pieces.append, stats.append)
     tok = load_tokenizer(tiny_export / "tokenizer.json")
     ours = generate(EagerDecoder(load_model(tiny_export)), tok.encode("def ", add_special_tokens=False).ids, 20)
-    assert stats and stats[0].num_generated_tokens >= 10
+    # the runner's count leaves out the token its prefill samples (text_llm_runner.cpp: it generates
+    # max_new_tokens - 1 after that one); the tiny model reaches no EOS within 20 tokens after "def "
+    assert len(ours.tokens) == 20 and stats and stats[0].num_generated_tokens == 19, stats
     expected = tok.decode(ours.tokens)
     got = "".join(pieces)
-    assert got and expected.startswith(got[: len(expected)]) and len(got) >= 0.5 * len(expected), (got, expected)
+    assert len(expected) > 10 and got == expected, (got, expected)  # the whole greedy text, token for token

@@ -409,18 +409,17 @@ def test_a_failed_staged_write_leaves_the_folder_as_it_was(tmp_path):
         "a.onnx": "new a", "b.onnx": "new b", "manifest.json": "new manifest"}
 
 
-# ---- the slow end-to-end checks: a real export of a tiny checkpoint ----
+# ---- the slow end-to-end checks: real exports of the suite's tiny checkpoint ----
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    """The tiny preset trained briefly (the fp32 artifacts pass parity at any training step)."""
-    out = tmp_path_factory.mktemp("reliab") / "ckpt"
-    proc = run_module("hrm_edge.train", "--preset", "tiny", "--out", out, "--steps", "40", "--no-progress")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+def tiny_checkpoint(tiny_export):
+    """The checkpoint the suite's shared tiny export was made from."""
+    return tiny_export / "checkpoint"
 
 
 @pytest.fixture(scope="module")
 def onnx_export(tiny_checkpoint, tmp_path_factory):
+    """Its fp32 ONNX artifacts alone: what the out-of-disk test exports again under a file-size limit (so the
+    limit can sit between this export's largest graph and its parity bundle)."""
     out = tmp_path_factory.mktemp("reliab") / "onnx"
     proc = run_module("hrm_edge.export", "--checkpoint", tiny_checkpoint, "--out", out, "--formats", "onnx",
                       "--int8", "none", "--no-progress")
@@ -459,17 +458,17 @@ def test_out_of_disk_ends_in_one_line_and_keeps_the_previous_export(onnx_export,
 
 
 @pytest.mark.slow
-def test_complete_refuses_each_flipped_artifact_of_a_real_export(onnx_export, tmp_path):
+def test_complete_refuses_each_flipped_artifact_of_a_real_export(tiny_export, tmp_path):
     """A byte flipped in the middle of each file `complete --runtime onnx` or `eager` loads: exit 2, one line
     naming the file; the untouched copy completes."""
     cases = {"hrm.fp32.kv.onnx": "onnx", "tokenizer.json": "onnx", WEIGHTS: "eager"}
     for name, runtime in cases.items():
         d = tmp_path / name
-        shutil.copytree(onnx_export, d)
+        shutil.copytree(tiny_export, d)
         flip_byte(d / name)
         proc = run_module("hrm_edge.complete", "--artifacts", d, "--runtime", runtime, "--max-new-tokens", "8", "def ")
         assert_user_error(proc, f"{name} does not match the sha256", "--no-verify")
-    proc = run_module("hrm_edge.complete", "--artifacts", onnx_export, "--runtime", "onnx", "--max-new-tokens", "8",
+    proc = run_module("hrm_edge.complete", "--artifacts", tiny_export, "--runtime", "onnx", "--max-new-tokens", "8",
                       "def ")
     assert proc.returncode == 0 and proc.stdout.startswith("def "), proc.stderr[-2000:]
 
@@ -515,9 +514,9 @@ def test_two_exports_are_byte_identical_but_ort_and_pte_layout(two_full_exports)
 
 
 @pytest.mark.slow
-def test_complete_refuses_each_flipped_program_of_a_real_export(two_full_exports, tmp_path):
+def test_complete_refuses_each_flipped_program_of_a_real_export(tiny_export, tmp_path):
     """The ExecuTorch programs and the int8 ones too: a flipped byte is refused before the runtime sees it."""
-    export = two_full_exports[0]
+    export = tiny_export
     manifest = read_manifest(export)
     kv = [a for a in manifest["artifacts"] if a.program == "kv_cache" and a.format in ("onnx", "pte")
           and a.cycles is None and next(iter(a.parity.values()))["passed"]]
