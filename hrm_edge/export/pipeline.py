@@ -109,6 +109,31 @@ def quiet_third_party() -> None:
     warnings.simplefilter("ignore")
 
 
+@contextlib.contextmanager
+def native_stderr_kept_back(verbose: bool):
+    """File descriptor 2 (where native libraries' C++ lines go) into a temporary file for the with-block,
+    written out only if the block raises; as it is with verbose."""
+    if verbose:
+        yield
+        return
+    sys.stderr.flush()
+    saved, failed = os.dup(2), False
+    with tempfile.TemporaryFile() as kept:
+        os.dup2(kept.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if failed:
+                kept.seek(0)
+                sys.stderr.write(kept.read().decode(errors="replace"))
+
+
 # ---- what each stage returns ----
 @dataclass
 class ExportOptions:
@@ -241,7 +266,8 @@ def export_stages(out: Path, staging: Path, options: ExportOptions, log=print) -
     artifacts = [with_digest(staging, art) for art in exported.artifacts]
     manifest = build_manifest(staging, prepared, parity, artifacts, calibration, depth_dial)
     write_web_parity_bundle(staging, manifest)
-    return gate(staging, manifest, parity, log)
+    with native_stderr_kept_back(options.verbose):  # ExecuTorch's runtime prints cpuinfo notices on its first load
+        return gate(staging, manifest, parity, log)
 
 
 def prepare_checkpoint(out: Path, staging: Path, options: ExportOptions, log=print) -> Prepared:
@@ -300,7 +326,7 @@ def build_parity_set(prepared: Prepared, samples: int, log=print) -> ParitySet:
 def pte_workers(staging: Path, prepared: Prepared, parity: ParitySet, options: ExportOptions, log):
     """Lower the .pte programs (pte_jobs) in worker processes while the with-block builds the rest in this one.
     Yields wait(): the programs' artifacts and eager references, once every worker is done (empty without
-    "pte" in the formats). An error stops the workers and shows their native stderr."""
+    "pte" in the formats). An error stops the workers; a worker's error shows its native stderr too."""
     if "pte" not in options.formats:
         yield Made  # wait() -> nothing lowered
         return
@@ -315,7 +341,12 @@ def pte_workers(staging: Path, prepared: Prepared, parity: ParitySet, options: E
             t = _stage("waiting for the ExecuTorch programs", log)
             lowered = Made()
             for program in programs:
-                for art, refs in program.get():
+                try:
+                    results = program.get()
+                except Exception:  # the worker's exception, re-raised here: show what it wrote to stderr too
+                    show_worker_stderr(Path(stderr_dir))
+                    raise
+                for art, refs in results:
                     lowered += Made((art,), refs)
             log(f"[export] ExecuTorch programs ready after {time.perf_counter() - t:.0f} s more")
             return lowered
@@ -325,7 +356,6 @@ def pte_workers(staging: Path, prepared: Prepared, parity: ParitySet, options: E
             pool.close()
         except BaseException:
             pool.terminate()  # stop lowering programs nobody will list
-            show_worker_stderr(Path(stderr_dir))
             raise
         finally:
             pool.join()
