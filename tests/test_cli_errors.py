@@ -74,7 +74,7 @@ COMMANDS = {
     "train": ("hrm_edge.train.loop", "--preset --out --corpus --steps --seed --resume --threads --no-progress "
               "--speed-test"),
     "export": ("hrm_edge.export.pipeline", "--preset --checkpoint --out --corpus --steps --parity-samples --formats "
-               "--int8 --calib-samples --calib-corpus --cycles --no-progress"),
+               "--int8 --calib-samples --calib-corpus --cycles --no-progress --verbose"),
     "parity": ("hrm_edge.verify.parity", "--bundle-only --formats --target --cpu"),
     "arm64": ("hrm_edge.verify.arm64_toolchain", "--no-pte"),
     "complete": ("hrm_edge.app.complete", "--artifacts --runtime --precision --max-new-tokens --temperature --top-k "

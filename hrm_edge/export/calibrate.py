@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from hrm_edge.config import DataConfig
 from hrm_edge.errors import UserError
+from hrm_edge.io import atomic_path
+from hrm_edge.train.dataset import encode_documents, load_corpus
 
 # The linears of the shared block whose inputs get static int8 scales, in call order within one step.
 BLOCK_LINEARS = ("attn.wq", "attn.wk", "attn.wv", "attn.wo", "ffn.w_gate", "ffn.w_up", "ffn.w_down")
@@ -38,8 +41,6 @@ def make_calibration_set(tok, data_cfg: DataConfig, samples: int, seq_len: int, 
                          calib_corpus: str | None = None, corpus=None) -> tuple[np.ndarray, CalibrationRecord]:
     """Windows [samples, seq_len] int64 drawn with `seed` from the calibration split (or all of calib_corpus).
     corpus: the already loaded Corpus of data_cfg, if the caller has it (saves reading it again)."""
-    from hrm_edge.train.dataset import encode_documents, load_corpus
-
     if samples < 1:
         raise UserError("--calib-samples must be >= 1")
     if calib_corpus:
@@ -69,8 +70,6 @@ def activation_ranges(model, windows: np.ndarray, batch_size: int = 8) -> dict:
 
     Each block linear is called exactly once per block application, in step order, so its call count
     within one forward is the step index."""
-    import torch
-
     cfg = model.cfg
     T = cfg.n_steps
     mins = {name: np.full(T, np.inf) for name in BLOCK_LINEARS}
@@ -103,8 +102,6 @@ def activation_ranges(model, windows: np.ndarray, batch_size: int = 8) -> dict:
 
 
 def save_calibration_set(path: Path, windows: np.ndarray) -> None:
-    from hrm_edge.io import atomic_path
-
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, windows=windows)

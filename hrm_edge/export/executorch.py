@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from hrm_edge.io import atomic_write_bytes
+from hrm_edge.export.quantize import dynamic_int4_model, dynamic_int8_model
 from hrm_edge.model.lm import HRMLM, DecodeForm, TracedForm, cache_steps
 
 class ExecuTorchKVCache(torch.nn.Module):
@@ -82,8 +83,6 @@ def quantized_for_pte(model: HRMLM, precision: str) -> torch.nn.Module:
     """The model a quantized .pte is lowered from (and its eager reference): the head untied first, so that
     it is quantized and delegated like every other linear. precision: "int8" (8-bit dynamic activations x
     int8 weights) or "int4" (8-bit dynamic activations x 4-bit grouped weights)."""
-    from hrm_edge.export.quantize import dynamic_int4_model, dynamic_int8_model
-
     return (dynamic_int8_model if precision == "int8" else dynamic_int4_model)(untie_head(model))
 
 

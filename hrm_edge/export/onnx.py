@@ -11,15 +11,22 @@ import contextlib
 import copy
 import io
 import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 import onnx
 import torch
+from onnx import TensorProto, helper
 
 from hrm_edge.io import atomic_write_bytes, atomic_write_text
 from hrm_edge.model.lm import HRMLM, FunctionalDecodeForm, RMSNorm, TracedForm, cache_steps
+from hrm_edge.export.names import ort_name
 from hrm_edge.export.onnx_passes import hoist_loop_invariants, loop_and_body, merge_split_concat, names_read, weights_into_body
 
 
@@ -50,8 +57,6 @@ def head_as_gemm(graph: onnx.GraphProto) -> None:
     """Rewrite the tied head MatMul(x, Transpose(table)) as Gemm(x [N, D], table, transB=1) between two
     Reshapes. onnxruntime constant-folds Transpose(initializer) into a second, transposed copy of the
     table when it saves an .ort file; Gemm reads the one table as it is."""
-    from onnx import helper
-
     transposed = {n.output[0]: n for n in graph.node if n.op_type == "Transpose" and n.input[0] == TIED_TABLE}
     table = next(i for i in graph.initializer if i.name == TIED_TABLE)
     d_model = table.dims[1]
@@ -182,8 +187,6 @@ def _int8_head_nodes(x: str, y: str, table_t: str, row_scale: str, col_scale: st
     scales, quantized to int8 per row (symmetric, scale max|x| / 127, stored + 128 as uint8),
     MatMulInteger(x_q [N, D], table_t [D, V]), then the row and input scales. Dequantizing the V x D table on
     every call instead cost more than the rest of a decode step."""
-    from onnx import TensorProto, helper
-
     p = "q8.head"
     axis1 = inits.add(f"{p}.axis1", np.array([1], dtype=np.int64))
     qmax = inits.add(f"{p}.qmax", np.array(127.0, dtype=np.float32))
@@ -269,8 +272,6 @@ def _quantize_block_linears(body: onnx.GraphProto, arrays: dict, model: HRMLM, p
 
 def _int8_linear_group(t_name: str, x: str, members: list, plan, inits: NewInitializers) -> list:
     """Nodes computing the linears `members` [(name, output)] of input x in int8 (see the comment above)."""
-    from onnx import TensorProto, helper
-
     names = [name for name, _ in members]
     p = "q8." + "+".join(names)
     first = names[0]
@@ -297,8 +298,6 @@ def _int8_linear_group(t_name: str, x: str, members: list, plan, inits: NewIniti
 
 def _quantize_tied_table(main: onnx.GraphProto, plan, inits: NewInitializers) -> None:
     """The embedding gather and the tied head read one uint8 table [D, V] with per-row and per-column scales."""
-    from onnx import TensorProto, helper
-
     emb = "model.embed.weight"
     eq = inits.add("q8.embed.w_uint8_t", _as_uint8(plan.embed_q.T))  # [D, V]
     es = inits.add("q8.embed.w_scale", plan.embed_scale)
@@ -344,12 +343,6 @@ def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
 def export_ort(onnx_paths: list[Path], out_dir: Path) -> tuple[list[Path], Path]:
     """Convert ONNX files to ORT format (onnxruntime.tools.convert_onnx_models_to_ort) next to them, and
     keep the tool's required_operators.config (the operator list for a reduced onnxruntime build)."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".ort-build.") as tmp:
         src, dst = Path(tmp) / "onnx", Path(tmp) / "ort"
         src.mkdir()
@@ -362,7 +355,7 @@ def export_ort(onnx_paths: list[Path], out_dir: Path) -> tuple[list[Path], Path]
             raise RuntimeError(f"ORT conversion failed: {proc.stderr[-1500:]}")
         written = []
         for p in onnx_paths:
-            ort_file = dst / f"{p.stem}.ort"
+            ort_file = dst / ort_name(p)
             if not ort_file.is_file():
                 raise RuntimeError(f"ORT conversion wrote no {ort_file.name}")
             os.replace(ort_file, out_dir / ort_file.name)  # same file system: appears complete or not at all
@@ -376,9 +369,6 @@ def export_ort(onnx_paths: list[Path], out_dir: Path) -> tuple[list[Path], Path]
 
 def mobile_usability(onnx_path: Path) -> dict:
     """onnxruntime.tools.check_onnx_model_mobile_usability's verdict, recorded in the manifest."""
-    import subprocess
-    import sys
-
     proc = subprocess.run([sys.executable, "-m", "onnxruntime.tools.check_onnx_model_mobile_usability", str(onnx_path)],
                           capture_output=True, text=True)
     text = (proc.stdout + proc.stderr).strip().splitlines()

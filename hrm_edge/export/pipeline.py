@@ -11,24 +11,51 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import dataclasses
 import json
+import logging
+import multiprocessing
+import os
 import platform
+import signal
+import sys
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
+from functools import partial
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable
 
 import numpy as np
+import torch
+from tokenizers import Tokenizer
 
-from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, configs_for, copy_model_files, load_model,
-                                 load_train_state)
-from hrm_edge.errors import UserError, run_cli
+from hrm_edge.config import DataConfig, ModelConfig, QuantConfig, load_preset
+from hrm_edge.errors import UserError
+from hrm_edge.export.calibrate import activation_ranges, make_calibration_set, save_calibration_set
+from hrm_edge.export.executorch import export_pte, export_pte_decode, quantized_for_pte
+from hrm_edge.export.names import artifact_name
+from hrm_edge.export.onnx import export_onnx, export_onnx_decode, export_ort, mobile_usability, quantize_static_int8
+from hrm_edge.export.quantize import (all_linear_int8_names, dynamic_int4_quantization, dynamic_quantization,
+                                      int8_weight_bytes, parse_linear_names, pt2e_quantization, pte_weight_bytes,
+                                      static_int8_names, static_int8_pt2e_model, static_int8_reference,
+                                      static_onnx_quantization, static_plan)
 from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
                          sha256_file, staging_folder)
+from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, configs_for, copy_model_files, load_model,
+                                       load_train_state)
+from hrm_edge.model.eager import EagerDecoder
+from hrm_edge.model.lm import HRMLM, parameter_counts, unique_weight_bytes
+from hrm_edge.runtime.decoders import generate
 from hrm_edge.runtime.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact, manifest_json
-from hrm_edge.verify.parity import perplexity, run_gate, tolerances, write_bundle
+from hrm_edge.train.dataset import Corpus, encode_documents, fixed_windows, load_corpus
+from hrm_edge.train.loop import train
+from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
+from hrm_edge.verify.parity import load_bundle, perplexity, run_gate, tolerances, write_bundle
 from hrm_edge.verify.reference import eager_logits
+from hrm_edge.verify.web_bundle import write_web_bundle
 
 DEFAULT_OUT = Path("export/out")
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_model"
@@ -37,8 +64,6 @@ GREEDY_NEW_TOKENS = 64  # decode parity: this many greedy tokens must match eage
 
 
 def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {"python": platform.python_version()}
     for pkg in ("hrm-edge", "torch", "executorch", "torchao", "onnx", "onnxruntime", "onnxscript", "tokenizers"):
         try:
@@ -69,7 +94,48 @@ def check_cycles(cycles: tuple, cfg) -> None:
         raise UserError(f"--cycles: {bad[0]} is not in 1..{cfg.H_cycles} (the model's outer cycles, H_cycles)")
 
 
-# ---- the state the stages share ----
+# ---- third-party noise: shown with --verbose only ----
+# Python-level notices of the libraries an export drives: torchao's "Failed to load" for its CUDA-only kernels,
+# torch's pytree deprecation warning (torchao registers Enum constants), torch.onnx's "torchvision is not
+# installed", ExecuTorch's lowering logs. None of them says anything about the artifacts.
+NOISY_LOGGERS = ("torchao", "torch.utils._pytree", "torch.onnx", "torch.export", "torch._export", "executorch",
+                 "onnxscript")
+
+
+def quiet_third_party() -> None:
+    """Only errors from the libraries' loggers; no warnings. Applied by main() (and in the .pte workers)
+    unless --verbose."""
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.simplefilter("ignore")
+
+
+@contextlib.contextmanager
+def native_stderr_kept_back(verbose: bool):
+    """File descriptor 2 (where native libraries' C++ lines go) into a temporary file for the with-block,
+    written out only if the block raises; as it is with verbose."""
+    if verbose:
+        yield
+        return
+    sys.stderr.flush()
+    saved, failed = os.dup(2), False
+    with tempfile.TemporaryFile() as kept:
+        os.dup2(kept.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if failed:
+                kept.seek(0)
+                sys.stderr.write(kept.read().decode(errors="replace"))
+
+
+# ---- what each stage returns ----
 @dataclass
 class ExportOptions:
     """What to export: the CLI's choices (None: the preset's, or the checkpoint's)."""
@@ -85,47 +151,69 @@ class ExportOptions:
     calib_corpus: str | None = None
     cycles: tuple[int, ...] = ()  # depth dial: outer cycle counts to export besides the full depth
     progress: bool = True
+    verbose: bool = False  # show third-party notices and the .pte workers' native stderr
 
 
-@dataclass
-class ExportRun:
-    """One export into `out`. prepare_checkpoint fills the first block; every later stage reads what the
-    earlier ones set and adds its part: artifacts (the manifest's list, in the order they are written),
-    references (the parity bundle's eager references by name) and its manifest record."""
+@dataclass(frozen=True)
+class Prepared:
+    """The model to export (prepare_checkpoint)."""
 
-    out: Path
-    options: ExportOptions
-    log: Callable
-    checkpoint: Path  # where the model came from (a copy of its files is in out)
-    model: Any  # HRMLM, eval mode
-    tok: Any  # tokenizers.Tokenizer
-    data_cfg: Any  # DataConfig: the corpus whose validation split is the parity set
-    quant_cfg: Any  # QuantConfig: calibration and the int8 gate's bounds
+    checkpoint: Path  # where the model came from
+    model_dir: Path  # the copy of its files in the staging folder: published with the export, loaded by the .pte workers
+    model: HRMLM  # eval mode
+    tokenizer: Tokenizer
+    data_cfg: DataConfig  # the corpus whose validation split is the parity set
+    quant_cfg: QuantConfig  # calibration and the int8 gate's bounds
     seq_len: int  # tokens per parity (and calibration) window
     int8: tuple[str, ...]  # the int8 modes to build
-    corpus: Any = None  # the loaded Corpus (build_parity_set)
-    windows: np.ndarray | None = None  # [N, S + 1] validation windows: inputs [:, :-1], targets [:, 1:]
-    reference: np.ndarray | None = None  # [N, S, V] eager fp32 logits of the inputs
-    prefill_len: int = 0  # KV-cache programs: prefill this many tokens, decode the rest
-    artifacts: list[Artifact] = field(default_factory=list)
-    references: dict = field(default_factory=dict)  # bundle name -> [N, S, V] eager logits (int8, depth dial)
-    calibration: dict | None = None  # the manifest's calibration record
-    calib_windows: np.ndarray | None = None  # [n, S] calibration windows
-    ranges: dict | None = None  # per-step activation ranges (HRM only)
-    depth_dial: list | None = None  # the manifest's depth_dial record
-    greedy: tuple | None = None  # (prompt, eager tokens, {K: eager tokens at depth K})
 
     @property
-    def cfg(self):
+    def cfg(self) -> ModelConfig:
         return self.model.cfg
 
-    def add(self, path: Path, fmt: str, precision: str, program: str, iteration: str, **optional) -> Artifact:
-        art = Artifact.new(path, fmt, precision, program, iteration, **optional)
-        self.artifacts.append(art)
-        return art
+
+@dataclass(frozen=True)
+class ParitySet:
+    """The inputs every artifact is gated on (build_parity_set)."""
+
+    corpus: Corpus  # the loaded corpus (its calibration split is read by calibrate)
+    windows: np.ndarray  # [N, S + 1] validation windows: inputs [:, :-1], targets [:, 1:]
+    reference: np.ndarray  # [N, S, V] eager fp32 logits of the inputs
+    prefill_len: int  # KV-cache programs: prefill this many tokens, decode the rest
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.windows[:, :-1]  # [N, S]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibration set and what was measured on it (calibrate)."""
+
+    windows: np.ndarray  # [n, S] calibration windows
+    ranges: dict | None  # per-step activation ranges (HRM only)
+    record: dict  # the manifest's calibration record
+
+
+@dataclass(frozen=True)
+class Made:
+    """What a stage wrote: its artifacts (the manifest's records, in the order written) and the eager
+    references it adds to the parity bundle (bundle name -> [N, S, V] logits). Stages' results add up with +."""
+
+    artifacts: tuple[Artifact, ...] = ()
+    references: dict = field(default_factory=dict)
+
+    def __add__(self, other: Made) -> Made:
+        return Made(self.artifacts + other.artifacts, self.references | other.references)
 
     def has(self, name: str) -> bool:
         return any(a.path == name for a in self.artifacts)
+
+
+def wrote(path: Path, fmt: str, precision: str, program: str, iteration: str, references: dict | None = None,
+         **optional) -> Made:
+    """One freshly written file as a stage's result."""
+    return Made((Artifact.new(path, fmt, precision, program, iteration, **optional),), references or {})
 
 
 # ---- the output folder: one export at a time, published whole ----
@@ -163,27 +251,30 @@ def check_output_folder(out: Path, checkpoint: Path | None) -> None:
 
 # ---- the stages, in the order export_stages runs them ----
 def export_stages(out: Path, staging: Path, options: ExportOptions, log=print) -> bool:
-    """Every stage, writing into `staging` (a preset is trained into out/checkpoint, which stays)."""
-    run = prepare_checkpoint(out, options, log, staging)
-    build_parity_set(run)
-    with pte_workers(run):  # the .pte programs are lowered in worker processes meanwhile
-        export_fp32_onnx(run)
-        export_int8(run)
-        export_depth_dial(run)
-        export_ort(run)
-    write_parity_bundle(run)
-    manifest = build_manifest(run)
-    write_web_parity_bundle(run, manifest)
-    return gate(run, manifest)
+    """Every stage, each writing its files into `staging` (a preset is trained into `out`/checkpoint, which
+    stays). The .pte programs are lowered in worker processes while this one writes the ONNX graphs; the
+    .ort conversion comes after every ONNX stage; the manifest lists the files in the order written."""
+    prepared = prepare_checkpoint(out, staging, options, log)
+    parity = build_parity_set(prepared, options.parity_samples, log)
+    with pte_workers(staging, prepared, parity, options, log) as wait_for_pte_programs:
+        onnx_fp32 = export_fp32_onnx(staging, prepared, parity, options, log)
+        int8, calibration = export_int8(staging, prepared, parity, onnx_fp32, options, log)
+        dial, depth_dial = export_depth_dial(staging, prepared, parity, options, log)
+        exported = with_ort(staging, onnx_fp32 + int8 + dial, options, log)
+        exported += wait_for_pte_programs()
+    greedy = eager_greedy(prepared, parity, exported, options.cycles)
+    write_bundle(staging / BUNDLE, parity.windows, parity.reference, exported.references, greedy)
+    artifacts = [with_digest(staging, art) for art in exported.artifacts]
+    manifest = build_manifest(staging, prepared, parity, artifacts, calibration, depth_dial)
+    write_web_parity_bundle(staging, manifest)
+    with native_stderr_kept_back(options.verbose):  # ExecuTorch's runtime prints cpuinfo notices on its first load
+        return gate(staging, manifest, parity, log)
 
 
-def prepare_checkpoint(out: Path, options: ExportOptions, log=print, staging: Path | None = None) -> ExportRun:
-    """The checkpoint (given, or trained from the preset into out/checkpoint), its model and tokenizer, and a
-    copy of its files in `staging`, where the run writes (default: `out` itself)."""
-    from hrm_edge.train.tokenizer import load_tokenizer
-
+def prepare_checkpoint(out: Path, staging: Path, options: ExportOptions, log=print) -> Prepared:
+    """The checkpoint (given, or trained from the preset into `out`/checkpoint), its model and tokenizer, and a
+    copy of its files in `staging`, where the export writes."""
     out = check_writable_dir(out)
-    staging = out if staging is None else staging
     for leftover in out.glob(".*.tmp"):  # temp files of a run that was killed before its rename
         leftover.unlink()
     if options.checkpoint is not None:
@@ -207,16 +298,11 @@ def prepare_checkpoint(out: Path, options: ExportOptions, log=print, staging: Pa
     if checkpoint.resolve() != staging.resolve():
         copy_model_files(checkpoint, staging)
     int8 = options.int8 if options.int8 is not None else parse_int8_modes(quant_cfg.int8_modes)
-    return ExportRun(staging, options, log, checkpoint, model, tok, data_cfg, quant_cfg,
-                     min(seq_len, model.cfg.max_seq_len), int8)
+    return Prepared(checkpoint, staging, model, tok, data_cfg, quant_cfg, min(seq_len, model.cfg.max_seq_len), int8)
 
 
 def _train_preset(out: Path, options: ExportOptions, log) -> tuple:
     """Train the preset into out/checkpoint. Returns (checkpoint, data config, quant config, seq_len)."""
-    from hrm_edge.config import load_preset
-    from hrm_edge.export.quantize import parse_linear_names
-    from hrm_edge.train.loop import train
-
     preset = load_preset(options.preset or "default")
     preset.override(options.corpus, options.steps)
     parse_linear_names(preset.quant.static_fp32_linears)  # a typo fails now, not after training
@@ -228,222 +314,216 @@ def _train_preset(out: Path, options: ExportOptions, log) -> tuple:
     return checkpoint, preset.data, preset.quant, preset.train.seq_len
 
 
-def build_parity_set(run: ExportRun) -> None:
+def build_parity_set(prepared: Prepared, samples: int, log=print) -> ParitySet:
     """The parity inputs: held-out validation windows (never training or calibration text), and the eager fp32
     logits every artifact is compared with."""
-    from hrm_edge.train.dataset import encode_documents, fixed_windows, load_corpus
-
-    _stage("building the parity set from the validation split", run.log)
-    run.corpus = load_corpus(run.data_cfg, required_splits=("val",))  # an export reads no training text
-    run.windows = fixed_windows(encode_documents(run.tok, run.corpus.val), run.options.parity_samples, run.seq_len)
-    run.reference = eager_logits(run.model, run.windows[:, :-1])
-    run.prefill_len = max(1, run.seq_len // 4)
+    _stage("building the parity set from the validation split", log)
+    corpus = load_corpus(prepared.data_cfg, required_splits=("val",))  # an export reads no training text
+    windows = fixed_windows(encode_documents(prepared.tokenizer, corpus.val), samples, prepared.seq_len)
+    return ParitySet(corpus, windows, eager_logits(prepared.model, windows[:, :-1]), max(1, prepared.seq_len // 4))
 
 
 @contextlib.contextmanager
-def pte_workers(run: ExportRun):
-    """Lower the .pte programs (pte_jobs) in worker processes while the with-block builds the rest in this one;
-    at its end, wait for them and add their artifacts and eager references. An error stops the workers."""
-    import torch
-
-    pool = None
+def pte_workers(staging: Path, prepared: Prepared, parity: ParitySet, options: ExportOptions, log):
+    """Lower the .pte programs (pte_jobs) in worker processes while the with-block builds the rest in this one.
+    Yields wait(): the programs' artifacts and eager references, once every worker is done (empty without
+    "pte" in the formats). An error stops the workers; a worker's error shows its native stderr too."""
+    if "pte" not in options.formats:
+        yield Made  # wait() -> nothing lowered
+        return
     threads = torch.get_num_threads()
-    if "pte" in run.options.formats:
-        jobs = pte_jobs(run.cfg, run.int8, run.options.cycles)
-        pool, programs = start_pte_workers(run.out, jobs, run.windows[:, :-1], run.prefill_len, run.log)
+    jobs = pte_jobs(prepared.cfg, prepared.int8, options.cycles)
+    with tempfile.TemporaryDirectory(prefix="hrm-export-workers.") as stderr_dir:
+        pool, programs = start_pte_workers(prepared.model_dir, staging, jobs, parity, log,
+                                           None if options.verbose else Path(stderr_dir))
         torch.set_num_threads(1)  # the workers have the cores; more threads here would only spin against them
-    try:
-        yield
-        if pool is not None:
-            t = _stage("waiting for the ExecuTorch programs", run.log)
+
+        def wait() -> Made:
+            t = _stage("waiting for the ExecuTorch programs", log)
+            lowered = Made()
             for program in programs:
-                for art, refs in program.get():
-                    run.artifacts.append(art)
-                    run.references.update(refs)
-            run.log(f"[export] ExecuTorch programs ready after {time.perf_counter() - t:.0f} s more")
+                try:
+                    results = program.get()
+                except Exception:  # the worker's exception, re-raised here: show what it wrote to stderr too
+                    show_worker_stderr(Path(stderr_dir))
+                    raise
+                for art, refs in results:
+                    lowered += Made((art,), refs)
+            log(f"[export] ExecuTorch programs ready after {time.perf_counter() - t:.0f} s more")
+            return lowered
+
+        try:
+            yield wait
             pool.close()
-    except BaseException:
-        if pool is not None:  # stop lowering programs nobody will list
-            pool.terminate()
-        raise
-    finally:
-        if pool is not None:
+        except BaseException:
+            pool.terminate()  # stop lowering programs nobody will list
+            raise
+        finally:
             pool.join()
-        torch.set_num_threads(threads)
+            torch.set_num_threads(threads)
 
 
-def export_fp32_onnx(run: ExportRun) -> None:
+def export_fp32_onnx(staging: Path, prepared: Prepared, parity: ParitySet, options: ExportOptions, log) -> Made:
     """fp32 ONNX graphs: full-sequence and KV-cache."""
-    if "onnx" not in run.options.formats:
-        return
-    from hrm_edge.export.onnx import export_onnx, export_onnx_decode
+    if "onnx" not in options.formats:
+        return Made()
+    model, arch = prepared.model, prepared.cfg.arch
+    loop = "onnx_loop" if arch == "hrm" else "unrolled"
+    t = _stage(f"exporting fp32 ONNX ({'iteration as an ONNX Loop' if loop == 'onnx_loop' else 'unrolled'})", log)
+    full = export_onnx(model, staging / artifact_name(arch, "fp32", "onnx"))
+    kv = export_onnx_decode(model, staging / artifact_name(arch, "fp32", "onnx", "kv_cache"))
+    log(f"[export] wrote 2 ONNX graphs in {time.perf_counter() - t:.0f} s")
+    return (wrote(full, "onnx", "fp32", "full_sequence", loop)
+            + wrote(kv, "onnx", "fp32", "kv_cache", loop, prefill_len=parity.prefill_len))
 
-    cfg = run.cfg
-    loop = "onnx_loop" if cfg.arch == "hrm" else "unrolled"
-    t = _stage(f"exporting fp32 ONNX ({'iteration as an ONNX Loop' if loop == 'onnx_loop' else 'unrolled'})", run.log)
-    run.add(export_onnx(run.model, run.out / f"{cfg.arch}.fp32.onnx"), "onnx", "fp32", "full_sequence", loop)
-    run.add(export_onnx_decode(run.model, run.out / f"{cfg.arch}.fp32.kv.onnx"), "onnx", "fp32", "kv_cache", loop,
-            prefill_len=run.prefill_len)
-    run.log(f"[export] wrote 2 ONNX graphs in {time.perf_counter() - t:.0f} s")
 
-
-def export_int8(run: ExportRun) -> None:
-    """Calibrate, then write the static int8 ONNX graphs (and the opt-in PT2E program) next to the fp32 ones;
-    their eager int8 references go into run.references (for the parity bundle). The dynamic int8 program is
-    lowered by a .pte worker (pte_jobs)."""
-    if not run.int8:
-        return
-    from hrm_edge.export.quantize import parse_linear_names
-
-    fp32_linears = parse_linear_names(run.quant_cfg.static_fp32_linears)
-    calibrate(run)
-    if {"static", "static-shared"} & set(run.int8) and run.has(f"{run.cfg.arch}.fp32.onnx"):
-        if run.cfg.arch != "hrm":
-            run.log("[export] static int8 ONNX is built for the HRM Loop graph only; skipped for the transformer baseline")
+def export_int8(staging: Path, prepared: Prepared, parity: ParitySet, onnx_fp32: Made, options: ExportOptions,
+                log) -> tuple[Made, Calibration | None]:
+    """Calibrate, then write the static int8 ONNX graphs (rewrites of the fp32 graphs in `onnx_fp32`) and the
+    opt-in PT2E program, with their eager int8 references. The dynamic int8 program is lowered by a .pte
+    worker (pte_jobs). Returns what was written and the calibration (None without int8 modes)."""
+    if not prepared.int8:
+        return Made(), None
+    fp32_linears = parse_linear_names(prepared.quant_cfg.static_fp32_linears)
+    calibration = calibrate(staging, prepared, parity, options, log)
+    int8 = Made()
+    if {"static", "static-shared"} & set(prepared.int8) and onnx_fp32.has(artifact_name(prepared.cfg.arch, "fp32", "onnx")):
+        if prepared.cfg.arch != "hrm":
+            log("[export] static int8 ONNX is built for the HRM Loop graph only; skipped for the transformer baseline")
         else:
-            export_static_int8_onnx(run, fp32_linears)
-    if "pt2e" in run.int8 and "pte" in run.options.formats:
-        export_pt2e_program(run)
+            int8 += export_static_int8_onnx(staging, prepared, parity, calibration, fp32_linears, onnx_fp32, log)
+    if "pt2e" in prepared.int8 and "pte" in options.formats:
+        int8 += export_pt2e_program(staging, prepared, parity, calibration, log)
+    return int8, calibration
 
 
-def calibrate(run: ExportRun) -> None:
+def calibrate(staging: Path, prepared: Prepared, parity: ParitySet, options: ExportOptions, log) -> Calibration:
     """The calibration set (calibration_set.npz) and per-step activation ranges (calibration.json)."""
-    from hrm_edge.export.calibrate import activation_ranges, make_calibration_set, save_calibration_set
+    samples = options.calib_samples or prepared.quant_cfg.calib_samples
+    _stage(f"calibrating: {samples} windows of {prepared.seq_len} tokens, ranges per iteration step", log)
+    windows, record = make_calibration_set(prepared.tokenizer, prepared.data_cfg, samples, prepared.seq_len,
+                                           prepared.quant_cfg.calib_seed, options.calib_corpus, parity.corpus)
+    save_calibration_set(staging / "calibration_set.npz", windows)
+    ranges = activation_ranges(prepared.model, windows) if prepared.cfg.arch == "hrm" else None
+    manifest_record = dataclasses.asdict(record) | {"set": "calibration_set.npz", "ranges": "calibration.json"}
+    atomic_write_text(staging / "calibration.json",
+                      json.dumps(manifest_record | {"activation_ranges": ranges}, indent=2) + "\n")
+    return Calibration(windows, ranges, manifest_record)
 
-    samples = run.options.calib_samples or run.quant_cfg.calib_samples
-    _stage(f"calibrating: {samples} windows of {run.seq_len} tokens, ranges per iteration step", run.log)
-    run.calib_windows, record = make_calibration_set(run.tok, run.data_cfg, samples, run.seq_len, run.quant_cfg.calib_seed,
-                                                     run.options.calib_corpus, run.corpus)
-    save_calibration_set(run.out / "calibration_set.npz", run.calib_windows)
-    run.ranges = activation_ranges(run.model, run.calib_windows) if run.cfg.arch == "hrm" else None
-    run.calibration = dataclasses.asdict(record) | {"set": "calibration_set.npz", "ranges": "calibration.json"}
-    atomic_write_text(run.out / "calibration.json",
-                      json.dumps(run.calibration | {"activation_ranges": run.ranges}, indent=2) + "\n")
 
-
-def export_static_int8_onnx(run: ExportRun, fp32_linears: tuple) -> None:
+def export_static_int8_onnx(staging: Path, prepared: Prepared, parity: ParitySet, calibration: Calibration,
+                            fp32_linears: tuple, onnx_fp32: Made, log) -> Made:
     """Static int8 inside the Loop body, with activation scales per iteration step (static: + the KV-cache
     graph) and/or one scale shared by every step (static-shared: a comparison; on the default model it misses
     the top-1 gate that per-step scales pass, so it is opt-in)."""
-    from hrm_edge.export.onnx import quantize_static_int8
-    from hrm_edge.export.quantize import (int8_weight_bytes, static_int8_names, static_int8_reference, static_onnx_quantization,
-                                   static_plan)
-
-    model, tokens = run.model, run.windows[:, :-1]
-    for scales in [s for s, mode in (("per_step", "static"), ("shared", "static-shared")) if mode in run.int8]:
-        _stage(f"static int8 ONNX, activation scales {scales.replace('_', ' ')}", run.log)
-        plan = static_plan(model, run.ranges, per_step=scales == "per_step", fp32_linears=fp32_linears)
-        stem = f"hrm.int8-static-{scales.replace('_', '')}"
-        int8 = {"reference": f"{stem}.onnx", "weight_bytes": int8_weight_bytes(model, static_int8_names(plan)),
-                "quantization": static_onnx_quantization(plan, run.calibration["tokens_sha256"])}
-        path = quantize_static_int8(run.out / "hrm.fp32.onnx", run.out / f"{stem}.onnx", model, plan)
-        run.add(path, "onnx", "int8", "full_sequence", "onnx_loop", **int8)
+    model, arch = prepared.model, prepared.cfg.arch
+    written = Made()
+    for scales in [s for s, mode in (("per_step", "static"), ("shared", "static-shared")) if mode in prepared.int8]:
+        _stage(f"static int8 ONNX, activation scales {scales.replace('_', ' ')}", log)
+        plan = static_plan(model, calibration.ranges, per_step=scales == "per_step", fp32_linears=fp32_linears)
+        precision = f"int8-static-{scales.replace('_', '')}"
+        name = artifact_name(arch, precision, "onnx")
+        int8 = {"reference": name, "weight_bytes": int8_weight_bytes(model, static_int8_names(plan)),
+                "quantization": static_onnx_quantization(plan, calibration.record["tokens_sha256"])}
+        path = quantize_static_int8(staging / artifact_name(arch, "fp32", "onnx"), staging / name, model, plan)
         # per-tensor static scales make a position's result independent of the others: the
         # full-sequence reference is the decode program's reference too
-        run.references[f"{stem}.onnx"] = eager_logits(static_int8_reference(model, plan), tokens)
-        if scales == "per_step" and run.has("hrm.fp32.kv.onnx"):
-            path = quantize_static_int8(run.out / "hrm.fp32.kv.onnx", run.out / f"{stem}.kv.onnx", model, plan)
-            run.add(path, "onnx", "int8", "kv_cache", "onnx_loop", prefill_len=run.prefill_len, **int8)
+        written += wrote(path, "onnx", "int8", "full_sequence", "onnx_loop",
+                        {name: eager_logits(static_int8_reference(model, plan), parity.tokens)}, **int8)
+        fp32_kv = artifact_name(arch, "fp32", "onnx", "kv_cache")
+        if scales == "per_step" and onnx_fp32.has(fp32_kv):
+            path = quantize_static_int8(staging / fp32_kv, staging / artifact_name(arch, precision, "onnx", "kv_cache"),
+                                        model, plan)
+            written += wrote(path, "onnx", "int8", "kv_cache", "onnx_loop", prefill_len=parity.prefill_len, **int8)
+    return written
 
 
-def export_pt2e_program(run: ExportRun) -> None:
+def export_pt2e_program(staging: Path, prepared: Prepared, parity: ParitySet, calibration: Calibration, log) -> Made:
     """The opt-in static PT2E int8 ExecuTorch program (calibrated, XNNPACK), built in this process."""
-    import torch
-
-    from hrm_edge.export.executorch import export_pte
-    from hrm_edge.export.quantize import all_linear_int8_names, int8_weight_bytes, pt2e_quantization, static_int8_pt2e_model
-    from hrm_edge.train.tokenizer import bos_id, eos_id
-
-    tokens = run.windows[:, :-1]
-    t = _stage("static int8 ExecuTorch program (PT2E XNNPACKQuantizer, calibrated, XNNPACK)", run.log)
-    graph = static_int8_pt2e_model(run.model, run.calib_windows)
-    path = export_pte(run.model, run.out / f"{run.cfg.arch}.int8-static.pte", bos_id(run.tok), eos_id(run.tok), traced=graph)
-    run.log(f"[export] wrote {path.name} in {time.perf_counter() - t:.0f} s")
+    model, tok, tokens = prepared.model, prepared.tokenizer, parity.tokens
+    t = _stage("static int8 ExecuTorch program (PT2E XNNPACKQuantizer, calibrated, XNNPACK)", log)
+    graph = static_int8_pt2e_model(model, calibration.windows)
+    path = export_pte(model, staging / artifact_name(prepared.cfg.arch, "int8-static", "pte"), bos_id(tok), eos_id(tok),
+                      traced=graph)
+    log(f"[export] wrote {path.name} in {time.perf_counter() - t:.0f} s")
     with torch.no_grad():  # batch 1, as the program runs
-        run.references[path.name] = np.concatenate([graph(torch.from_numpy(tokens[i : i + 1])).numpy()
-                                                    for i in range(len(tokens))])
-    run.add(path, "pte", "int8", "full_sequence", "unrolled", reference=path.name,
-            weight_bytes=int8_weight_bytes(run.model, all_linear_int8_names(run.model)),
-            quantization=pt2e_quantization(run.calibration["tokens_sha256"]))
+        reference = np.concatenate([graph(torch.from_numpy(tokens[i : i + 1])).numpy() for i in range(len(tokens))])
+    return wrote(path, "pte", "int8", "full_sequence", "unrolled", {path.name: reference}, reference=path.name,
+                weight_bytes=int8_weight_bytes(model, all_linear_int8_names(model)),
+                quantization=pt2e_quantization(calibration.record["tokens_sha256"]))
 
 
-def export_depth_dial(run: ExportRun) -> None:
+def export_depth_dial(staging: Path, prepared: Prepared, parity: ParitySet, options: ExportOptions,
+                      log) -> tuple[Made, list | None]:
     """The depth dial (--cycles): the same weights run with K < H outer cycles (the model was trained with a
     readout after every outer cycle). Per depth: a full-sequence ONNX Loop graph (fp32) here, and the KV-cache
     .pte (pte_jobs) in a worker, each gated against the eager model at depth K (its reference goes into the
-    parity bundle). run.depth_dial: each depth's quality against the full depth."""
-    if not run.options.cycles:
-        return
-    from functools import partial
-
-    cfg, model = run.cfg, run.model
-    check_cycles(run.options.cycles, cfg)
-    tokens, targets = run.windows[:, :-1], run.windows[:, 1:]
+    parity bundle). Returns them and the manifest's depth_dial record: each depth's quality against the full
+    depth (None without --cycles)."""
+    if not options.cycles:
+        return Made(), None
+    cfg, model = prepared.cfg, prepared.model
+    check_cycles(options.cycles, cfg)
+    tokens, targets = parity.tokens, parity.windows[:, 1:]
     full = eager_logits(model, tokens)
-    run.depth_dial = []
-    for k in sorted(set(run.options.cycles) | {cfg.H_cycles}):
+    record, dial = [], Made()
+    for k in sorted(set(options.cycles) | {cfg.H_cycles}):
         logits = full if k == cfg.H_cycles else eager_logits(partial(model, n_cycles=k), tokens)
-        run.depth_dial.append({"cycles": k, "block_applications": k * (cfg.L_cycles + 1),
-                               "perplexity": perplexity(logits, targets), "full_depth_perplexity": perplexity(full, targets),
-                               "top1_vs_full_depth": float((logits.argmax(-1) == full.argmax(-1)).mean())})
+        record.append({"cycles": k, "block_applications": k * (cfg.L_cycles + 1),
+                       "perplexity": perplexity(logits, targets), "full_depth_perplexity": perplexity(full, targets),
+                       "top1_vs_full_depth": float((logits.argmax(-1) == full.argmax(-1)).mean())})
         if k == cfg.H_cycles:
             continue  # the full depth is the export's main artifacts
-        run.references[f"fp32.c{k}"] = logits
-        if "onnx" in run.options.formats:
-            from hrm_edge.export.onnx import export_onnx
-
-            t = _stage(f"depth dial: ONNX graph with {k} of {cfg.H_cycles} outer cycles", run.log)
-            path = export_onnx(model, run.out / f"hrm.fp32.c{k}.onnx", n_cycles=k)
-            run.add(path, "onnx", "fp32", "full_sequence", "onnx_loop", cycles=k, fp32_reference=f"reference/fp32.c{k}")
-            run.log(f"[export] wrote {path.name} in {time.perf_counter() - t:.0f} s")
-
-
-def export_ort(run: ExportRun) -> None:
-    """ONNX Runtime's mobile format: every ONNX artifact converted to .ort (checked by the gate like any
-    other), required_operators.config for a reduced build, and the mobile-usability verdict per graph."""
-    if "onnx" not in run.options.formats:
-        return
-    from hrm_edge.export.onnx import export_ort as convert, mobile_usability
-
-    onnx_arts = [a for a in run.artifacts if a.format == "onnx"]
-    t = _stage(f"converting {len(onnx_arts)} ONNX graphs to ORT format", run.log)
-    written, _ = convert([run.out / a.path for a in onnx_arts], run.out)
-    for art, path in zip(onnx_arts, written):
-        art.mobile_usability = mobile_usability(run.out / art.path)
-        run.artifacts.append(dataclasses.replace(art, path=path.name, format="ort", converted_from=art.path,
-                                                 mobile_usability=None))
-    run.log(f"[export] wrote {len(written)} .ort files and required_operators.config in {time.perf_counter() - t:.0f} s")
+        dial += Made(references={f"fp32.c{k}": logits})
+        if "onnx" in options.formats:
+            t = _stage(f"depth dial: ONNX graph with {k} of {cfg.H_cycles} outer cycles", log)
+            path = export_onnx(model, staging / artifact_name(cfg.arch, "fp32", "onnx", n_cycles=k), n_cycles=k)
+            dial += wrote(path, "onnx", "fp32", "full_sequence", "onnx_loop", cycles=k, fp32_reference=f"reference/fp32.c{k}")
+            log(f"[export] wrote {path.name} in {time.perf_counter() - t:.0f} s")
+    return dial, record
 
 
-def write_parity_bundle(run: ExportRun) -> None:
+def with_ort(staging: Path, exported: Made, options: ExportOptions, log) -> Made:
+    """ONNX Runtime's mobile format: every ONNX artifact of `exported` converted to .ort (checked by the gate
+    like any other), required_operators.config for a reduced build, and the mobile-usability verdict per
+    graph. Returns `exported` with the verdicts on its ONNX records, followed by the .ort records."""
+    if "onnx" not in options.formats:
+        return exported
+    onnx_arts = [a for a in exported.artifacts if a.format == "onnx"]
+    t = _stage(f"converting {len(onnx_arts)} ONNX graphs to ORT format", log)
+    written, _ = export_ort([staging / a.path for a in onnx_arts], staging)
+    checked = {a.path: dataclasses.replace(a, mobile_usability=mobile_usability(staging / a.path)) for a in onnx_arts}
+    converted = tuple(dataclasses.replace(checked[a.path], path=path.name, format="ort", converted_from=a.path,
+                                          mobile_usability=None) for a, path in zip(onnx_arts, written))
+    log(f"[export] wrote {len(written)} .ort files and required_operators.config in {time.perf_counter() - t:.0f} s")
+    return Made(tuple(checked.get(a.path, a) for a in exported.artifacts) + converted, exported.references)
+
+
+def eager_greedy(prepared: Prepared, parity: ParitySet, exported: Made, cycles: tuple) -> tuple | None:
     """The eager fp32 model's greedy continuation (at every exported depth) that the KV-cache programs must
-    replay, written with the windows and references into the parity bundle; then every artifact's bytes
-    and sha256, now that all files are final."""
-    cfg = run.cfg
-    if any(a.program == "kv_cache" for a in run.artifacts):
-        from hrm_edge.model.eager import EagerDecoder
-        from hrm_edge.runtime.decoders import generate
+    replay: (prompt, tokens, {K: tokens at depth K}); None without a KV-cache program."""
+    if not any(a.program == "kv_cache" for a in exported.artifacts):
+        return None
+    cfg = prepared.cfg
+    n_new = min(GREEDY_NEW_TOKENS, cfg.max_seq_len - parity.prefill_len)
+    prompt = parity.windows[0, :parity.prefill_len]
 
-        n_new = min(GREEDY_NEW_TOKENS, cfg.max_seq_len - run.prefill_len)
-        prompt = run.windows[0, :run.prefill_len]
+    def greedy(n_cycles=None):
+        tokens = generate(EagerDecoder(prepared.model, n_cycles=n_cycles), prompt.tolist(), n_new).tokens
+        return np.array(tokens, dtype=np.int64)
 
-        def greedy(n_cycles=None):
-            tokens = generate(EagerDecoder(run.model, n_cycles=n_cycles), prompt.tolist(), n_new).tokens
-            return np.array(tokens, dtype=np.int64)
-
-        run.greedy = (prompt, greedy(), {k: greedy(k) for k in set(run.options.cycles) - {cfg.H_cycles}})
-    write_bundle(run.out / BUNDLE, run.windows, run.reference, run.references, run.greedy)
-    for art in run.artifacts:
-        art.bytes = (run.out / art.path).stat().st_size
-        art.sha256 = sha256_file(run.out / art.path)
+    return prompt, greedy(), {k: greedy(k) for k in set(cycles) - {cfg.H_cycles}}
 
 
-def build_manifest(run: ExportRun) -> dict:
-    from hrm_edge.model.lm import parameter_counts, unique_weight_bytes
-    from hrm_edge.train.tokenizer import bos_id, eos_id
+def with_digest(staging: Path, art: Artifact) -> Artifact:
+    """The record with its file's final bytes and sha256."""
+    return dataclasses.replace(art, bytes=(staging / art.path).stat().st_size, sha256=sha256_file(staging / art.path))
 
-    cfg, out, tok, windows = run.cfg, run.out, run.tok, run.windows
-    total, unique = parameter_counts(run.model)
+
+def build_manifest(staging: Path, prepared: Prepared, parity: ParitySet, artifacts: list[Artifact],
+                   calibration: Calibration | None, depth_dial: list | None) -> dict:
+    cfg, tok, windows = prepared.cfg, prepared.tokenizer, parity.windows
+    total, unique = parameter_counts(prepared.model)
     return {
         "format_version": MANIFEST_FORMAT,
         "created_unix": int(time.time()),
@@ -451,40 +531,38 @@ def build_manifest(run: ExportRun) -> dict:
         "model": dataclasses.asdict(cfg),
         "block_applications": cfg.n_steps,
         "parameters": {"unique": unique, "per_application": total},
-        "unique_weight_bytes": unique_weight_bytes(run.model),
+        "unique_weight_bytes": unique_weight_bytes(prepared.model),
         "size_rule": "artifact bytes <= 1.10 x unique_weight_bytes + 256 KiB",
-        "checkpoint": {"config": CONFIG, "weights": WEIGHTS, "weights_sha256": sha256_file(out / WEIGHTS)},
-        "tokenizer": {"path": TOKENIZER, "sha256": sha256_file(out / TOKENIZER), "vocab_size": tok.get_vocab_size(),
+        "checkpoint": {"config": CONFIG, "weights": WEIGHTS, "weights_sha256": sha256_file(staging / WEIGHTS)},
+        "tokenizer": {"path": TOKENIZER, "sha256": sha256_file(staging / TOKENIZER), "vocab_size": tok.get_vocab_size(),
                       "bos_id": bos_id(tok), "eos_id": eos_id(tok)},
-        "corpus": {"source": run.corpus.source, "split_sha256": run.corpus.names_sha256},
-        "parity_bundle": {"path": BUNDLE, "sha256": sha256_file(out / BUNDLE), "samples": int(windows.shape[0]),
+        "corpus": {"source": parity.corpus.source, "split_sha256": parity.corpus.names_sha256},
+        "parity_bundle": {"path": BUNDLE, "sha256": sha256_file(staging / BUNDLE), "samples": int(windows.shape[0]),
                           "seq_len": int(windows.shape[1] - 1), "source": "validation split"},
-        "calibration": run.calibration,
-        "depth_dial": run.depth_dial,
-        "tolerances": tolerances(run.quant_cfg),
-        "artifacts": run.artifacts,
+        "calibration": calibration.record if calibration else None,
+        "depth_dial": depth_dial,
+        "tolerances": tolerances(prepared.quant_cfg),
+        "artifacts": artifacts,
     }
 
 
-def write_web_parity_bundle(run: ExportRun, manifest: dict) -> None:
+def write_web_parity_bundle(staging: Path, manifest: dict) -> None:
     """The phone-sized parity bundle the demo's Self-test runs (hrm_edge.verify.web_bundle), listed in the manifest."""
-    if not any(a.program == "kv_cache" for a in run.artifacts):
+    if not any(a.program == "kv_cache" for a in manifest["artifacts"]):
         return
-    from hrm_edge.verify.parity import load_bundle
-    from hrm_edge.verify.web_bundle import write_web_bundle
-
     as_json = json.loads(manifest_json(manifest))
-    path = write_web_bundle(run.out, as_json, load_bundle(run.out / BUNDLE))
+    path = write_web_bundle(staging, as_json, load_bundle(staging / BUNDLE))
     manifest["web_bundle"] = {"path": path.name, "sha256": sha256_file(path), "bytes": path.stat().st_size,
                               "source": "the parity bundle's first windows, cut to prefill + a few decode steps"}
 
 
-def gate(run: ExportRun, manifest: dict) -> bool:
+def gate(staging: Path, manifest: dict, parity: ParitySet, log) -> bool:
     """Run every artifact in its runtime against the bundle; writes manifest.json and parity_report.md."""
-    _stage(f"parity gate on {len(run.artifacts)} artifact(s), {run.windows.shape[0]} x {run.seq_len} tokens", run.log)
+    windows = parity.windows
+    _stage(f"parity gate on {len(manifest['artifacts'])} artifact(s), {windows.shape[0]} x {windows.shape[1] - 1} tokens", log)
     # The reference was computed by build_parity_set from the same model: no need to recompute it.
-    ok = run_gate(run.out, manifest, recompute_reference=False, log=run.log)
-    run.log(f"[export] {'PASSED' if ok else 'FAILED'} (the verdicts: {MANIFEST}, {REPORT})")
+    ok = run_gate(staging, manifest, recompute_reference=False, log=log)
+    log(f"[export] {'PASSED' if ok else 'FAILED'} (the verdicts: {MANIFEST}, {REPORT})")
     return ok
 
 
@@ -492,7 +570,7 @@ def gate(run: ExportRun, manifest: dict) -> bool:
 # XNNPACK lowering is single-threaded Python (one to two minutes per program at the default size) and the
 # bulk of an export's time, so the .pte programs are lowered in spawned worker processes (killed with this
 # one) while this process writes the ONNX graphs, int8 rewrites, .ort files and eager references.
-@dataclass
+@dataclass(frozen=True)
 class PteJob:
     name: str  # file name in the export folder
     precision: str  # "fp32", "int8" (torchao 8-bit dynamic activations x 8-bit weights) or "int4" (x 4-bit weights)
@@ -503,42 +581,52 @@ class PteJob:
 def pte_jobs(cfg, int8: tuple, cycles: tuple) -> list[PteJob]:
     """The programs to lower, slowest first (a quantized lowering takes about 2.5x an fp32 one at the default
     size), so that two workers finish close together."""
-    jobs = []
+    arch, jobs = cfg.arch, []
     # quantized: the KV-cache program only; it is what decodes on a device, and each lowering costs minutes
     if "8da4w" in int8:
-        jobs.append(PteJob(f"{cfg.arch}.8da4w.kv.pte", "int4", "kv_cache"))
+        jobs.append(PteJob(artifact_name(arch, "8da4w", "pte", "kv_cache"), "int4", "kv_cache"))
     if "dynamic" in int8:
-        jobs.append(PteJob(f"{cfg.arch}.int8-dynamic.kv.pte", "int8", "kv_cache"))
-    jobs += [PteJob(f"{cfg.arch}.fp32.pte", "fp32", "full_sequence"), PteJob(f"{cfg.arch}.fp32.kv.pte", "fp32", "kv_cache")]
+        jobs.append(PteJob(artifact_name(arch, "int8-dynamic", "pte", "kv_cache"), "int8", "kv_cache"))
+    jobs += [PteJob(artifact_name(arch, "fp32", "pte"), "fp32", "full_sequence"),
+             PteJob(artifact_name(arch, "fp32", "pte", "kv_cache"), "fp32", "kv_cache")]
     for k in sorted(set(cycles) - {cfg.H_cycles}):
         precision = "int8" if "dynamic" in int8 else "fp32"
-        jobs.append(PteJob(f"hrm.{'int8-dynamic' if precision == 'int8' else 'fp32'}.c{k}.kv.pte", precision, "kv_cache", k))
+        name = artifact_name(arch, "int8-dynamic" if precision == "int8" else "fp32", "pte", "kv_cache", n_cycles=k)
+        jobs.append(PteJob(name, precision, "kv_cache", k))
     return jobs
 
 
-def _die_with_parent() -> None:
-    # a worker must not outlive a killed export (kill -9 leaves no orphan still writing into the folder)
+def _init_worker(stderr_dir: Path | None) -> None:
+    """A worker's start: it must not outlive a killed export (kill -9 leaves no orphan still writing into the
+    folder); unless --verbose, the libraries' notices are off and native stderr (ExecuTorch's and cpuinfo's
+    C++ lines) goes to a file, shown only if the export fails."""
     try:
-        import ctypes
-        import signal
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    if stderr_dir is not None:
+        quiet_third_party()
+        sys.stderr.flush()
+        fd = os.open(stderr_dir / f"worker-{os.getpid()}.stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
 
 
-def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefill_len: int) -> list[tuple[Artifact, dict]]:
-    """Lower `jobs` from the checkpoint copied into `out` (the worker process's entry point). Returns
+def show_worker_stderr(stderr_dir: Path) -> None:
+    """What the workers wrote to stderr (kept back unless --verbose), when an export fails."""
+    for path in sorted(stderr_dir.glob("worker-*.stderr")):
+        text = path.read_text(errors="replace").strip()
+        if text:
+            print(f"[export] {path.stem}:\n{text}", file=sys.stderr)
+
+
+def build_pte_programs(model_dir: Path, staging: Path, jobs: list[PteJob], tokens: np.ndarray,
+                       prefill_len: int) -> list[tuple[Artifact, dict]]:
+    """Lower `jobs` of the model in `model_dir` into `staging` (the worker process's entry point). Returns
     (artifact, {reference name: eager quantized reference logits}) per program."""
-    from hrm_edge.export.executorch import export_pte, export_pte_decode, quantized_for_pte
-    from hrm_edge.export.quantize import pte_weight_bytes
-    from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
-
-    import torch
-
     torch.set_num_threads(1)  # lowering is single-threaded Python; idle OpenMP threads would spin on a shared core
-    model = load_model(out).eval()
-    tok = load_tokenizer(out / TOKENIZER)
+    model = load_model(model_dir).eval()
+    tok = load_tokenizer(model_dir / TOKENIZER)
     bos, eos = bos_id(tok), eos_id(tok)
     quantized: dict = {}  # precision -> quantized model, built once per worker
     results = []
@@ -552,11 +640,11 @@ def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefil
             optional |= {"cycles": job.n_cycles, "fp32_reference": f"reference/fp32.c{job.n_cycles}"}
         if job.precision == "fp32":
             lower = export_pte_decode if job.program == "kv_cache" else export_pte
-            path = lower(model, out / job.name, bos, eos, n_cycles=job.n_cycles)
+            path = lower(model, staging / job.name, bos, eos, n_cycles=job.n_cycles)
         else:
             qmodel = quantized.get(job.precision) or quantized_for_pte(model, job.precision)
             quantized[job.precision] = qmodel
-            path = export_pte_decode(qmodel, out / job.name, bos, eos, n_cycles=job.n_cycles)
+            path = export_pte_decode(qmodel, staging / job.name, bos, eos, n_cycles=job.n_cycles)
             optional |= {"reference": job.name, "quantization": _pte_quantization(job.precision)}
             # batch 1 as the program runs; per-token dynamic scales make prefill + decode equal the full sequence
             references[job.name] = np.concatenate([eager_logits(lambda x: qmodel(x, n_cycles=job.n_cycles), tokens[i : i + 1])
@@ -567,20 +655,18 @@ def build_pte_programs(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefil
 
 
 def _pte_quantization(precision: str) -> dict:
-    from hrm_edge.export.quantize import dynamic_int4_quantization, dynamic_quantization
-
     return dynamic_quantization() if precision == "int8" else dynamic_int4_quantization()
 
 
-def start_pte_workers(out: Path, jobs: list[PteJob], tokens: np.ndarray, prefill_len: int, log):
+def start_pte_workers(model_dir: Path, staging: Path, jobs: list[PteJob], parity: ParitySet, log,
+                      stderr_dir: Path | None):
     """Start lowering `jobs`, one program per task, on two spawned worker processes (this machine class has
     2 cores; the main process's own work is light by the time both are busy). Returns (pool, async results)."""
-    import multiprocessing
-
     _stage(f"lowering {len(jobs)} ExecuTorch program(s) (unrolled, XNNPACK) in worker processes: "
            f"{', '.join(j.name for j in jobs)}", log)
-    pool = multiprocessing.get_context("spawn").Pool(min(2, len(jobs)), initializer=_die_with_parent)
-    return pool, [pool.apply_async(build_pte_programs, (out, [job], tokens, prefill_len)) for job in jobs]
+    pool = multiprocessing.get_context("spawn").Pool(min(2, len(jobs)), initializer=_init_worker, initargs=(stderr_dir,))
+    return pool, [pool.apply_async(build_pte_programs, (model_dir, staging, [job], parity.tokens, parity.prefill_len))
+                  for job in jobs]
 
 
 def main(argv=None) -> int:
@@ -612,7 +698,11 @@ def main(argv=None) -> int:
                    "1..H_cycles, e.g. 1); each depth gets an ONNX graph and a KV-cache .pte, gated against the eager "
                    "model at that depth, and the manifest's depth_dial lists each depth's perplexity")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--verbose", action="store_true", help="also show the libraries' notices and warnings (torch, "
+                   "torchao, ExecuTorch; the .pte workers' native stderr), which a plain run keeps back")
     a = p.parse_args(argv)
+    if not a.verbose:
+        quiet_third_party()
     formats = tuple(f.strip() for f in a.formats.split(",") if f.strip())
     bad = sorted(set(formats) - {"onnx", "pte"})
     if bad or not formats:
@@ -630,5 +720,5 @@ def main(argv=None) -> int:
     ok = export_all(a.out, ExportOptions(preset=a.preset, checkpoint=checkpoint, corpus=a.corpus, steps=a.steps,
                                          parity_samples=a.parity_samples, formats=formats, int8=int8,
                                          calib_samples=a.calib_samples, calib_corpus=a.calib_corpus, cycles=cycles,
-                                         progress=not a.no_progress))
+                                         progress=not a.no_progress, verbose=a.verbose))
     return 0 if ok else 1

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hrm_edge.errors import UserError
 from hrm_edge.export.calibrate import BLOCK_LINEARS
+from hrm_edge.model.lm import TracedForm
 
 INT8_MIN, INT8_MAX = -128, 127
 
@@ -82,8 +84,6 @@ class StaticInt8Plan:
 
 def parse_linear_names(text: str) -> tuple:
     """'ffn.w_down, attn.wo' -> ('ffn.w_down', 'attn.wo'); unknown names are a user error."""
-    from hrm_edge.errors import UserError
-
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in BLOCK_LINEARS]
     if unknown:
@@ -195,9 +195,7 @@ def dynamic_int8_model(model):
     (export_executorch.untie_head) is one of them) and the embedding gather as Int8TiedEmbedding. It is both
     what the .pte is exported from and its eager reference (torchao's eager kernels compute what XNNPACK's
     do, up to rounding)."""
-    from torchao.quantization import quantize_
-    from torchao.quantization.granularity import PerAxis
-    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, PerAxis, quantize_
 
     q = copy.deepcopy(model).eval()
     quantize_(q, Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0)))
@@ -214,9 +212,7 @@ def dynamic_int4_model(model):
     projections, of input width gate_rank, stay int8 per channel), and the embedding gather as
     Int8TiedEmbedding. The untied head stays int8 per channel: on the shipped model a 4-bit head costs top-1
     0.862 -> 0.832 and perplexity 1.078x -> 1.114x against fp32 (eager, parity windows), for 0.5 MB."""
-    from torchao.quantization import quantize_
-    from torchao.quantization.granularity import PerAxis, PerGroup
-    from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, PerAxis, PerGroup, quantize_
 
     def grouped(module, fqn):
         return isinstance(module, torch.nn.Linear) and module.in_features % INT4_GROUP == 0 and fqn != "head"
@@ -241,8 +237,6 @@ def static_int8_pt2e_model(model, calib_windows: np.ndarray):
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
                                                                         get_symmetric_quantization_config)
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    from hrm_edge.model.lm import TracedForm
 
     q = copy.deepcopy(model).eval()
     q.embed = Int8TiedEmbedding(model.embed.weight)

@@ -23,36 +23,41 @@ CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, STATE = (
     "config.json", "model.safetensors", "tokenizer.json", "optimizer.safetensors", "train_state.json")
 
 
+def _save_tensors(path: Path, tensors: dict) -> None:
+    from safetensors.torch import save_file  # imports torch: only where tensors are saved
+
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp))
+
+
+def _load_tensors(path: Path) -> dict:
+    from safetensors.torch import load_file  # imports torch: only where tensors are loaded
+
+    return load_file(str(path))
+
+
 def save_model(out: Path, model) -> None:
     """config.json and model.safetensors: what load_model reads."""
-    from safetensors.torch import save_file
-
     model.cfg.save(out / CONFIG)
-    with atomic_path(out / WEIGHTS) as tmp:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    _save_tensors(out / WEIGHTS, {k: v.contiguous() for k, v in model.state_dict().items()})
 
 
 def save_checkpoint(out: Path, model, opt, state: dict) -> None:
     """Weights and optimizer first, state last: a state file always points at complete tensors."""
-    from safetensors.torch import save_file
-
     save_model(out, model)
     if opt is not None:
         flat = {}
         for i, s in opt.state_dict()["state"].items():
             for k, v in s.items():
                 flat[f"{i}.{k}"] = v.reshape(1) if v.dim() == 0 else v.contiguous()
-        with atomic_path(out / OPTIMIZER) as tmp:
-            save_file(flat, str(tmp))
+        _save_tensors(out / OPTIMIZER, flat)
     atomic_write_text(out / STATE, json.dumps(state, indent=2) + "\n")
 
 
 def load_model(ckpt: Path):
     """The HRMLM of a checkpoint folder, in eval mode. A user error (one line) for a missing file, unreadable
     weights, or weights that do not fit config.json (the first mismatching tensor, both shapes, the file)."""
-    from safetensors.torch import load_file
-
-    from hrm_edge.model.lm import HRMLM
+    from hrm_edge.model.lm import HRMLM  # imports torch: this module stays importable without it
 
     ckpt = Path(ckpt)
     for name in (CONFIG, WEIGHTS):
@@ -60,7 +65,7 @@ def load_model(ckpt: Path):
             raise UserError(f"checkpoint {ckpt} is missing {name}")
     model = HRMLM(ModelConfig.load(ckpt / CONFIG))
     try:
-        weights = load_file(str(ckpt / WEIGHTS))
+        weights = _load_tensors(ckpt / WEIGHTS)
     except Exception as e:  # safetensors raises its own error types for a truncated or foreign file
         raise UserError(f"checkpoint {ckpt}: cannot load {WEIGHTS}: {first_line(e)}") from None
     check_weights_fit(model.state_dict(), weights, ckpt)
@@ -86,10 +91,8 @@ def check_weights_fit(expected: dict, weights: dict, ckpt: Path) -> None:
 
 def load_optimizer(opt, path: Path) -> None:
     """Inverse of save_checkpoint's flattening: "<param index>.<state key>" -> optimizer state."""
-    from safetensors.torch import load_file
-
     sd = opt.state_dict()
-    for key, value in load_file(str(path)).items():
+    for key, value in _load_tensors(path).items():
         index, name = key.split(".", 1)
         sd["state"].setdefault(int(index), {})[name] = value.reshape(()) if name == "step" else value
     opt.load_state_dict(sd)

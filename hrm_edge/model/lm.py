@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._higher_order_ops import while_loop
 
 from hrm_edge.config import ModelConfig
 
@@ -461,8 +462,6 @@ class HRMLM(nn.Module):
         """H outer cycles as torch's while_loop: torch.onnx.export makes it ONE ONNX Loop whose body holds the
         block once. The two levels travel as one stacked state [2, B, S, D] (stacked_step); a functional
         cache's collected keys/values ride along as loop-carried values."""
-        from torch._higher_order_ops import while_loop
-
         n_steps = H * (self.cfg.L_cycles + 1)
         carried = inp.cache.carried() if isinstance(inp.cache, StackedKVCache) else ()
 

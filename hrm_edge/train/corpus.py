@@ -37,6 +37,7 @@ import tempfile
 import time
 import zipfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
@@ -47,8 +48,9 @@ from tqdm import tqdm
 from hrm_edge.config import DataConfig
 from hrm_edge.train.dataset import (CORPUS_FORMAT, RECORD, SPLITS, _bucket, _stdlib_files, default_corpus_cache,
                            document_order, encode_documents, is_built_corpus, listing_sha256)
-from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_write_text
+from hrm_edge.errors import UserError
+from hrm_edge.io import atomic_write_text, sha256_file
+from hrm_edge.train.tokenizer import train_tokenizer
 
 RECIPE = Path(__file__).with_name("corpus_recipe.tsv")
 RECORD_IN_REPO = Path(__file__).with_name("corpus_record.json")  # the record of the real build, committed
@@ -242,7 +244,6 @@ def pip_download(pin_spec: str, name: str, dest: Path) -> Path:
 
 
 def _sha256(path: Path) -> str:
-    from hrm_edge.io import sha256_file
     return sha256_file(path)
 
 
@@ -269,8 +270,6 @@ def fetch_sdist(pin: Pin, cache: Path, check: bool = True) -> Path:
 def in_parallel(fn, items: list, jobs: int, desc: str, progress: bool) -> list:
     """[fn(item)] computed by `jobs` threads (fn waits on pip subprocesses); the first failure in item
     order is raised once every started call has finished, so no download is left half done."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         futures = [pool.submit(fn, item) for item in items]
         with tqdm(total=len(items), desc=desc, unit="sdist", disable=not progress) as bar:
@@ -434,8 +433,6 @@ def select_documents(pins: list[Pin], archives: dict[str, Path], dedup: Deduplic
 def count_tokens(selected: dict[str, list[tuple[str, str]]], sample_bytes: int) -> dict[str, int]:
     """Tokens per split (one EOS per file included) with a BPE tokenizer trained as hrm_edge.train.loop trains
     one: vocabulary TOKENIZER_VOCAB, on the first sample_bytes of the train split in document order."""
-    from hrm_edge.train.tokenizer import train_tokenizer
-
     by_split: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
     for project, files in selected.items():
         by_split[project_split(project)] += [(f"{project}/{path}", text) for path, text in files]

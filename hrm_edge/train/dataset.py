@@ -18,6 +18,7 @@ import hashlib
 import json
 import lzma
 import os
+import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ import numpy as np
 
 from hrm_edge.config import DataConfig
 from hrm_edge.errors import UserError
+from hrm_edge.train.tokenizer import eos_id
 
 MIN_DOCUMENTS = 200  # fewer files than this: cut them into ~400 line-aligned pieces so every split gets text
 PYPI = "pypi"  # --corpus pypi: the corpus `python -m hrm_edge.corpus` builds in its default folder
@@ -219,8 +221,6 @@ def load_corpus(cfg: DataConfig, required_splits: tuple[str, ...] = ("train", "v
     """Read, validate and split the corpus. User mistakes raise UserError.
 
     A built corpus keeps its own by-project split (val_percent / calib_percent do not apply to it)."""
-    import sys
-
     built = built_corpus_root(cfg.corpus) if cfg.corpus else None
     if built is not None:
         source, labelled = _built_documents(built)
@@ -260,8 +260,6 @@ def load_corpus(cfg: DataConfig, required_splits: tuple[str, ...] = ("train", "v
 
 def encode_documents(tok, texts: list[str]) -> np.ndarray:
     """Concatenate documents into one int32 token stream, each followed by EOS."""
-    from hrm_edge.train.tokenizer import eos_id
-
     eos = eos_id(tok)
     ids: list[int] = []
     for enc in tok.encode_batch(texts, add_special_tokens=False):

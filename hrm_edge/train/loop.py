@@ -34,7 +34,7 @@ from tqdm import tqdm
 from hrm_edge.model.checkpoint import OPTIMIZER, STATE, TOKENIZER, load_model, load_optimizer, save_checkpoint
 from hrm_edge.config import Preset, load_preset
 from hrm_edge.train.dataset import Corpus, bytes_per_token, encode_documents, fixed_windows, load_corpus, random_batch
-from hrm_edge.errors import UserError, run_cli
+from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_write_text, check_writable_dir
 from hrm_edge.model.lm import HRMLM, parameter_counts
 from hrm_edge.train.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer

@@ -12,6 +12,7 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from hrm_edge.errors import UserError
+from hrm_edge.io import atomic_write_text
 
 BOS = "<|bos|>"  # pytorch_tokenizers finds BOS/EOS by these substrings in the special tokens
 EOS = "<|eos|>"
@@ -36,8 +37,6 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 
 def save_tokenizer(tok: Tokenizer, path: Path) -> None:
-    from hrm_edge.io import atomic_write_text
-
     atomic_write_text(path, tok.to_str())
 
 
