@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -56,6 +57,17 @@ def native_stderr_to(path: Path | str | None):
     finally:
         _restore(saved)
         os.close(saved)
+
+
+@contextlib.contextmanager
+def native_stderr_kept_back(verbose: bool):
+    """native_stderr_to a temporary file, shown only if the block raises; nothing redirected with verbose."""
+    if verbose:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="hrm-stderr-") as tmp:
+        with native_stderr_to(Path(tmp) / "stderr.txt"):
+            yield
 
 
 def _restore(saved_fd: int) -> None:

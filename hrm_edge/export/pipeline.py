@@ -14,7 +14,6 @@ import contextlib
 import ctypes
 import dataclasses
 import json
-import logging
 import multiprocessing
 import os
 import platform
@@ -22,7 +21,6 @@ import signal
 import sys
 import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
@@ -48,6 +46,7 @@ from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, configs_for, 
                                        load_train_state)
 from hrm_edge.model.eager import EagerDecoder
 from hrm_edge.model.lm import HRMLM, parameter_counts, unique_weight_bytes
+from hrm_edge.quiet import native_stderr_kept_back, quiet_third_party
 from hrm_edge.runtime.decoders import generate
 from hrm_edge.runtime.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact, manifest_json
 from hrm_edge.train.dataset import Corpus, encode_documents, fixed_windows, load_corpus
@@ -92,47 +91,6 @@ def check_cycles(cycles: tuple, cfg) -> None:
     bad = [k for k in cycles if not 1 <= k <= cfg.H_cycles]
     if bad:
         raise UserError(f"--cycles: {bad[0]} is not in 1..{cfg.H_cycles} (the model's outer cycles, H_cycles)")
-
-
-# ---- third-party noise: shown with --verbose only ----
-# Python-level notices of the libraries an export drives: torchao's "Failed to load" for its CUDA-only kernels,
-# torch's pytree deprecation warning (torchao registers Enum constants), torch.onnx's "torchvision is not
-# installed", ExecuTorch's lowering logs. None of them says anything about the artifacts.
-NOISY_LOGGERS = ("torchao", "torch.utils._pytree", "torch.onnx", "torch.export", "torch._export", "executorch",
-                 "onnxscript")
-
-
-def quiet_third_party() -> None:
-    """Only errors from the libraries' loggers; no warnings. Applied by main() (and in the .pte workers)
-    unless --verbose."""
-    for name in NOISY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.simplefilter("ignore")
-
-
-@contextlib.contextmanager
-def native_stderr_kept_back(verbose: bool):
-    """File descriptor 2 (where native libraries' C++ lines go) into a temporary file for the with-block,
-    written out only if the block raises; as it is with verbose."""
-    if verbose:
-        yield
-        return
-    sys.stderr.flush()
-    saved, failed = os.dup(2), False
-    with tempfile.TemporaryFile() as kept:
-        os.dup2(kept.fileno(), 2)
-        try:
-            yield
-        except BaseException:
-            failed = True
-            raise
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            if failed:
-                kept.seek(0)
-                sys.stderr.write(kept.read().decode(errors="replace"))
 
 
 # ---- what each stage returns ----
@@ -605,7 +563,7 @@ def _init_worker(stderr_dir: Path | None) -> None:
     except (OSError, AttributeError):
         pass
     if stderr_dir is not None:
-        quiet_third_party()
+        quiet_third_party(False)
         sys.stderr.flush()
         fd = os.open(stderr_dir / f"worker-{os.getpid()}.stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
@@ -701,8 +659,7 @@ def main(argv=None) -> int:
     p.add_argument("--verbose", action="store_true", help="also show the libraries' notices and warnings (torch, "
                    "torchao, ExecuTorch; the .pte workers' native stderr), which a plain run keeps back")
     a = p.parse_args(argv)
-    if not a.verbose:
-        quiet_third_party()
+    quiet_third_party(a.verbose)
     formats = tuple(f.strip() for f in a.formats.split(",") if f.strip())
     bad = sorted(set(formats) - {"onnx", "pte"})
     if bad or not formats:

@@ -31,11 +31,12 @@ from pathlib import Path
 import numpy as np
 
 from hrm_edge.config import ModelConfig
-from hrm_edge.errors import UserError, run_cli
+from hrm_edge.errors import UserError
 from hrm_edge.export.names import artifact_name
 from hrm_edge.io import atomic_write_text
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
-                                      lower_kv_pte, quiet_third_party, run_child)
+                                      lower_kv_pte, run_child)
+from hrm_edge.quiet import quiet_third_party
 from hrm_edge.measure.peers import PeerShape, build_peers, require_peer_extra
 from hrm_edge.model.checkpoint import save_model
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files

@@ -9,7 +9,6 @@ numpy and the runtime layer at module level only: a child that times an ONNX pro
 from __future__ import annotations
 
 import json
-import logging
 import os
 import platform
 import re
@@ -18,7 +17,6 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -122,19 +120,6 @@ def describe_cpu(cpu: dict) -> str:
     if cpu.get("threads") is not None:
         text += f"; {cpu['threads']} thread{'s' if cpu['threads'] != 1 else ''}"
     return text
-
-
-def quiet_third_party(verbose: bool) -> None:
-    """A CLI's plain run prints its own lines only: torchao's "Failed to load ... .so" (logger torchao), torch's
-    pytree deprecation notes (logger torch.utils._pytree) and Python warnings of the export stack are hidden
-    unless --verbose. The children's C++ output is their stderr, shown by run_child on failure or --verbose."""
-    if verbose:
-        return
-    for name in ("torchao", "torch.utils._pytree", "torch._export", "executorch", "onnxruntime"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"(torch|torchao|executorch)\b")
 
 
 def run_child(args: list[str], threads: int, verbose: bool = False) -> dict:

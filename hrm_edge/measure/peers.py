@@ -34,9 +34,10 @@ from pathlib import Path
 import numpy as np
 
 from hrm_edge.config import ModelConfig
-from hrm_edge.errors import UserError, run_cli
+from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_write_text, check_writable_dir
-from hrm_edge.measure.harness import DecodeTiming, cpu_info, decode_in_child, describe_cpu, quiet_third_party
+from hrm_edge.measure.harness import DecodeTiming, cpu_info, decode_in_child, describe_cpu
+from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.decoders import Decoder, PteDecoder, ort_session
 from hrm_edge.runtime.manifest import read_manifest
 

@@ -32,12 +32,13 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig
-from hrm_edge.errors import UserError, run_cli
+from hrm_edge.errors import UserError
 from hrm_edge.export.names import artifact_name
 from hrm_edge.export.pipeline import versions
 from hrm_edge.io import atomic_write_text, check_writable_dir, sha256_file
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
-                                      lower_kv_pte, quiet_third_party)
+                                      lower_kv_pte)
+from hrm_edge.quiet import quiet_third_party
 from hrm_edge.model.checkpoint import CONFIG, STATE, TOKENIZER, WEIGHTS, load_model
 from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
 
