@@ -30,18 +30,23 @@ class Decoder:
         return self._run(np.array([token]))[0]
 
 
+def ort_session(path: Path, threads: int = 0):
+    """An onnxruntime CPU session of `path`; threads > 0 pins the intra-op pool to that many threads."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
 class OnnxDecoder(Decoder):
     """The *.kv.onnx graph: (tokens, past_k, past_v) -> (logits, present_k, present_v); the presents of one
     call are the pasts of the next (the cache grows by the call's tokens, up to max_seq_len)."""
 
     def __init__(self, path: Path, threads: int = 0):
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        if threads:
-            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self.session = ort_session(path, threads)
         meta = self.session.get_modelmeta().custom_metadata_map
         shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_k")  # [T, B, H, P, hd]
         self.empty_cache = np.zeros((shape[0], 1, shape[2], 0, shape[4]), np.float32)
@@ -122,6 +127,12 @@ class Sampling:
 def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
     if s.temperature <= 0:
         return int(np.argmax(logits))
+    p = sampling_probs(logits, s)
+    return int(rng.choice(len(p), p=p))
+
+
+def sampling_probs(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """logits [V] -> the distribution [V] (float64) that sample() draws from at temperature > 0."""
     z = logits.astype(np.float64) / s.temperature
     if s.top_k and s.top_k < len(z):
         kth = np.partition(z, -s.top_k)[-s.top_k]
@@ -135,7 +146,7 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
         mask[order[keep]] = True
         p = np.where(mask, p, 0.0)
         p /= p.sum()
-    return int(rng.choice(len(p), p=p))
+    return p
 
 
 @dataclass
