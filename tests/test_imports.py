@@ -55,8 +55,12 @@ def find_cycles(graph: dict) -> list[list[str]]:
 def test_no_import_cycle():
     graph = import_graph()
     assert find_cycles(graph) == []
-    assert "hrm_edge.verify.parity" in graph["hrm_edge.verify.arm64"]
-    assert "hrm_edge.verify.arm64" not in graph["hrm_edge.verify.parity"]  # the gate builds on the host gate only
+    assert "hrm_edge.verify.parity" in graph["hrm_edge.verify.arm64_gate"]
+    emulation = {"hrm_edge.verify.arm64_gate", "hrm_edge.verify.arm64_worker", "hrm_edge.verify.arm64_toolchain"}
+    assert not emulation & graph["hrm_edge.verify.parity"]  # the gate builds on the host gate only
+    # what runs inside the emulated Python: the runtime side of parity, not the fetching or the gate
+    assert graph["hrm_edge.verify.arm64_worker"] & emulation == set()
+    assert "hrm_edge.verify.reference" not in graph["hrm_edge.verify.arm64_worker"]
 
 
 def test_the_check_finds_a_cycle(tmp_path):
@@ -77,10 +81,11 @@ def test_the_check_finds_a_cycle(tmp_path):
 
 
 def test_runtime_layer_imports_no_torch():
-    """Every module of hrm_edge.runtime imports with torch made unimportable (a phone-side Python, the ARM64
-    ONNX path): torch is loaded only when a .pte decoder is made."""
+    """Every module of hrm_edge.runtime, the runtime side of parity and the ARM64 worker import with torch made
+    unimportable (a phone-side Python, the ARM64 ONNX path): torch is loaded only when a .pte is run."""
     modules = [module_name(p, PACKAGE) for p in sorted((PACKAGE / "runtime").glob("*.py"))]
     assert len(modules) >= 3
+    modules += ["hrm_edge.verify.parity", "hrm_edge.verify.arm64_worker"]
     code = ("import sys; sys.modules['torch'] = None\n"
             + "".join(f"import {m}\n" for m in modules)
             + "assert 'torch' not in [k for k, v in sys.modules.items() if v is not None]\n")

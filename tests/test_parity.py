@@ -260,7 +260,8 @@ def test_check_artifact_passes_the_right_numbers_and_fails_wrong_ones(tmp_path):
 def test_parity_imports_no_torch_no_trainer_no_emulation():
     code = ("import sys, hrm_edge.verify.parity, hrm_edge.runtime.manifest, hrm_edge.model.checkpoint; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m in "
-            "('hrm_edge.train.loop', 'hrm_edge.verify.arm64', 'hrm_edge.model.lm', 'tqdm')))")
+            "('hrm_edge.train.loop', 'hrm_edge.verify.arm64_gate', 'hrm_edge.verify.reference', "
+            "'hrm_edge.model.lm', 'tqdm')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr

@@ -8,12 +8,12 @@ import pytest
 from conftest import REPO
 from test_cli_errors import assert_user_error
 
+from hrm_edge.measure.harness import DecodeTiming, decode_in_child
+from hrm_edge.measure.peers import PEER_FILES, PeerShape, build_peers, parse_shape_overrides, peer_decoder
 from hrm_edge.runtime.decoders import decode_logits, generate
-from hrm_edge.measure.peers import (PEER_FILES, PeerShape, build_peers, measure_peer_decode_child, parse_shape_overrides,
-                            peer_decoder)
 
 TINY = PeerShape(d_model=64, n_heads=4, ffn_hidden=192, n_layers=2, vocab_size=512, max_seq_len=64)
-# what hrm_edge.measure.bench's measure_decode_one returns, so a peer row sits in the same table as ours
+# what hrm_edge.measure.harness's measure_decode returns for every program, so a peer row sits in bench's table
 BENCH_DECODE_KEYS = {"artifact", "threads", "prompt_len", "new_tokens", "weight_cache", "load_s", "ttft_ms",
                      "prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_mb"}
 
@@ -102,7 +102,8 @@ def test_executorch_peer_matches_transformers(tiny_peers, eager_reference):
 
 @pytest.mark.slow
 def test_measure_peer_decode_has_the_bench_row_keys(tiny_peers):
-    row = measure_peer_decode_child(tiny_peers[0] / "llama.int8.onnx", threads=1, prompt_len=16, new_tokens=8, repeats=2)
+    timing = DecodeTiming(threads=1, prompt_len=16, new_tokens=8, repeats=2)
+    row = decode_in_child("peer-decode", tiny_peers[0], "llama.int8.onnx", timing)
     assert set(row) == BENCH_DECODE_KEYS
     assert row["artifact"] == "llama.int8.onnx" and row["prompt_len"] == 16 and row["new_tokens"] == 8
     assert row["decode_tokens_per_s"] > 0 and row["prefill_tokens_per_s"] > 0 and row["load_s"] > 0

@@ -476,7 +476,7 @@ def test_complete_refuses_each_flipped_artifact_of_a_real_export(onnx_export, tm
 
 # ---- 6. reproducible artifacts ----
 # Two exports of one checkpoint (same options, so the same seeds): which files are the same bytes. The others
-# differ in layout only, never in what they compute (README, "Trust"): their parity numbers are identical.
+# differ in layout only, never in what they compute (docs/parity.md): their parity numbers are identical.
 
 @pytest.fixture(scope="module")
 def two_full_exports(tiny_export, tmp_path_factory):
@@ -505,7 +505,7 @@ def test_two_exports_are_byte_identical_but_ort_and_pte_layout(two_full_exports)
     for name in ("calibration.json", "calibration_set.npz", "required_operators.config"):
         a[name], b[name] = (sha256_file(d / name) for d in two_full_exports)
     differ = {name for name in a if a[name] != b[name]}
-    # may differ in layout only (README, "Trust"): .ort (onnxruntime's converter writes its kernel-type-string
+    # may differ in layout only (docs/parity.md): .ort (onnxruntime's converter writes its kernel-type-string
     # table in hash-map order) and .pte (XNNPACK's lowering orders some delegate calls' inputs per process)
     assert not {name for name in differ if not name.endswith((".ort", ".pte"))}, sorted(differ)
     assert [p for p in a if p.endswith(".onnx")] and [p for p in a if p.endswith(".pte")]

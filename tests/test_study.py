@@ -2,7 +2,8 @@
 
 The quick budget trains thirteen tiny models for 40 steps, so only robust things are asserted: every model
 learned something, the sizes are what the study claims, the files and the table are there, and the
-int8 programs decode. Which model wins is the full run's business (README), not CI's.
+int8 programs decode; the goals' verdicts are checked against the numbers they come from. Which model wins
+is the full run's business (docs/measurements.md), not CI's.
 """
 import json
 import math
@@ -10,7 +11,8 @@ import math
 import pytest
 
 from conftest import run_module
-from hrm_edge.measure.study import BUDGETS, study_entries
+from hrm_edge.measure.study import (BUDGETS, GOAL_BPB_RATIO, GOAL_DECODE_RATIO, GOAL_PARAM_RATIO, goals,
+                                    study_entries)
 from test_cli_errors import assert_user_error
 
 
@@ -53,8 +55,16 @@ def test_quick_study_end_to_end_and_resume(tmp_path):
     for name in (ref["name"], hrm["name"], eq["name"]):
         assert study["decode"]["models"][name]["decode_tokens_per_s"] > 0, name
         assert (out / name / models[name]["pte"]["path"]).is_file()
-    assert all(g["met"] is not None for g in study["goals"]), study["goals"]  # evaluated, whatever the verdict
-    assert table.count("**met**") + table.count("**not met**") == 2
+    # the verdicts follow from the numbers in the same JSON (recomputed here from the goals' definitions)
+    quality_met = (hrm["val_bits_per_byte"] / ref["val_bits_per_byte"] <= GOAL_BPB_RATIO
+                   and hrm["params_unique"] / ref["params_unique"] <= GOAL_PARAM_RATIO)
+    decode = study["decode"]["models"]
+    speed = decode[hrm["name"]]["decode_tokens_per_s"] / decode[eq["name"]]["decode_tokens_per_s"]
+    speed_met = speed >= GOAL_DECODE_RATIO
+    assert [g["met"] for g in study["goals"]] == [quality_met, speed_met], study["goals"]
+    assert table.count("**met**") == quality_met + speed_met
+    assert table.count("**not met**") == 2 - quality_met - speed_met
+    assert study["cpu"]["cores"] >= 1 and study["cpu"]["model"] and "CPU: " in table
 
     # --resume keeps every finished model and program: nothing is trained or lowered again
     again = run_module("hrm_edge.study", "--budget", "quick", "--out", out, "--threads", "1", "--no-progress", "--resume")
@@ -63,6 +73,23 @@ def test_quick_study_end_to_end_and_resume(tmp_path):
     assert again.stdout.count("int8 program already built (kept)") == 3
     resumed = {m["name"]: m for m in json.loads((out / "study.json").read_text())["models"]}
     assert all(resumed[n]["val_bits_per_byte"] == models[n]["val_bits_per_byte"] for n in names)
+
+
+def test_goal_verdicts_follow_the_ratios():
+    """goals() against hand-made results on both sides of each threshold (the study's verdicts can fail)."""
+    ref = {"val_bits_per_byte": 2.0, "params_unique": 1000}
+    good = {"val_bits_per_byte": 2.0 * GOAL_BPB_RATIO - 1e-6, "params_unique": int(1000 * GOAL_PARAM_RATIO)}
+    decode = {"models": {"hrm": {"decode_tokens_per_s": 95.0}, "eq": {"decode_tokens_per_s": 100.0}}}
+    met = goals({"ref": ref, "hrm": good}, "ref", "hrm", "eq", decode)
+    assert [g["met"] for g in met] == [True, GOAL_DECODE_RATIO <= 0.95]
+    assert "= 0.950x" in met[1]["detail"]
+    worse_bpb = good | {"val_bits_per_byte": 2.0 * GOAL_BPB_RATIO + 1e-3}
+    too_big = good | {"params_unique": int(1000 * GOAL_PARAM_RATIO) + 1}
+    slow = {"models": decode["models"] | {"hrm": {"decode_tokens_per_s": 100.0 * GOAL_DECODE_RATIO - 1}}}
+    assert goals({"ref": ref, "hrm": worse_bpb}, "ref", "hrm", "eq", decode)[0]["met"] is False
+    assert goals({"ref": ref, "hrm": too_big}, "ref", "hrm", "eq", decode)[0]["met"] is False
+    assert goals({"ref": ref, "hrm": good}, "ref", "hrm", "eq", slow)[1]["met"] is False
+    assert [g["met"] for g in goals({"hrm": good}, "ref", "hrm", "eq", {})] == [None, None]
 
 
 def test_study_refuses_an_existing_study_without_resume(tmp_path):

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from hrm_edge.errors import UserError, first_line, run_cli
-from hrm_edge.runtime.decoders import Sampling, generate
+from hrm_edge.model.checkpoint import load_model
+from hrm_edge.quiet import native_stderr_to, quiet_third_party
+from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, Sampling, generate
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
+from hrm_edge.train.tokenizer import eos_id, load_tokenizer
 
 RUNTIMES = ("executorch", "onnx", "eager")
 MAX_THREADS = 256
@@ -55,15 +59,20 @@ def files_to_load(manifest: dict, runtime: str, precision: str) -> list[str]:
 
 def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int):
     """The decoder of the verified files (files_to_load's order: tokenizer first)."""
-    from hrm_edge.model.eager import EagerDecoder
-    from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder
-
     if runtime == "eager":
-        from hrm_edge.model.checkpoint import load_model
+        from hrm_edge.model.eager import EagerDecoder  # torch: only for --runtime eager
 
         return EagerDecoder(load_model(out_dir), threads)
     cls = PteDecoder if runtime == "executorch" else OnnxDecoder
     return cls(files[1], threads)
+
+
+def load_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, verbose: bool):
+    """make_decoder, with what the runtimes write to stderr while they load (ExecuTorch's C++ cpuinfo and threadpool
+    lines, torch's log lines) kept out of the completion unless verbose or the load fails."""
+    with tempfile.TemporaryDirectory(prefix="hrm-complete-") as tmp:
+        with native_stderr_to(None if verbose else Path(tmp) / "stderr.txt"):
+            return make_decoder(out_dir, runtime, files, threads)
 
 
 def read_prompt(arg: str | None) -> str:
@@ -127,16 +136,16 @@ def main(argv=None) -> int:
     p.add_argument("--no-verify", action="store_true",
                    help="load the files without checking them against the manifest's sha256 (for artifacts edited on "
                         "purpose; they are still refused if they are missing or lie outside the folder)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show the runtimes' own warnings and log lines (torch, torchao, ExecuTorch's C++ runtime)")
     a = p.parse_args(argv)
+    quiet_third_party(a.verbose)
     if a.max_new_tokens < 1 or not 0 <= a.threads <= MAX_THREADS or a.seed < 0:
         raise UserError(f"--max-new-tokens must be >= 1, --threads in 0..{MAX_THREADS}, --seed >= 0")
     # (written so that NaN fails too) a positive temperature below 1e-4 overflows the scaled logits: 0 is greedy
     if not (a.temperature == 0 or 1e-4 <= a.temperature <= 1e4) or not 0 < a.top_p <= 1 or a.top_k < 0:
         raise UserError("--temperature must be 0 (greedy) or in [1e-4, 1e4], --top-p in (0, 1], --top-k >= 0")
     prompt = read_prompt(a.prompt)
-
-    from hrm_edge.train.tokenizer import eos_id, load_tokenizer
-
     manifest = read_manifest(a.artifacts)
     t_verify = time.perf_counter()
     files = verify_files(a.artifacts, manifest, files_to_load(manifest, a.runtime, a.precision), a.no_verify)
@@ -152,7 +161,7 @@ def main(argv=None) -> int:
             raise UserError(f"the prompt is {len(ids)} tokens, the context holds {context}; shorten it or pass --truncate")
         ids = ids[-room:]
     try:
-        decoder = make_decoder(a.artifacts, a.runtime, files, a.threads)
+        decoder = load_decoder(a.artifacts, a.runtime, files, a.threads, a.verbose)
     except UserError:
         raise
     except Exception as e:  # a runtime that cannot load a file (edited and run with --no-verify): one line

@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from hrm_edge.errors import UserError, run_cli
+from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.manifest import contained_path, manifest_json, read_manifest, verify_files
 from hrm_edge.verify.parity import load_bundle
 from hrm_edge.verify.web_bundle import WEB_BUNDLE, web_bundle_bytes, write_web_bundle
@@ -218,7 +219,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-verify", action="store_true",
                    help="serve the export's files without checking them against the manifest's sha256")
     p.add_argument("--quiet", action="store_true", help="do not log each request")
+    p.add_argument("--verbose", action="store_true", help="show the runtimes' own warnings and log lines")
     a = p.parse_args(argv)
+    quiet_third_party(a.verbose)
     if not 0 <= a.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {a.port}")
     manifest = read_manifest(a.dir)

@@ -27,7 +27,8 @@ from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
                          sha256_file, staging_folder)
 from hrm_edge.runtime.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact, manifest_json
-from hrm_edge.verify.parity import eager_logits, perplexity, run_gate, tolerances, write_bundle
+from hrm_edge.verify.parity import perplexity, run_gate, tolerances, write_bundle
+from hrm_edge.verify.reference import eager_logits
 
 DEFAULT_OUT = Path("export/out")
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_model"

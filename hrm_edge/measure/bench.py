@@ -3,7 +3,9 @@
     python -m hrm_edge.bench export/out                 # 1 thread, tables on stdout, JSON in DIR/bench.json
     python -m hrm_edge.bench export/out --threads 2 --no-baseline
 
-Each artifact (and the eager fp32 model) runs in a fresh process, so load time and peak RSS are its own.
+Each artifact (and the eager fp32 model) runs in a fresh process, so load time and peak RSS are its own
+(hrm_edge.measure.harness, shared with peers and study; every caption names the CPU, bench.json records it).
+The runtimes' own log lines and the export stack's warnings are shown with --verbose only.
 Full-sequence programs: forward latency at batch 1 (median of --repeats after a warm-up), tokens/s, bytes
 and the ratio to the fp32 artifact of the same format, with the quality columns (perplexity and top-1
 agreement vs fp32 eager) read from the manifest's parity results.
@@ -20,203 +22,71 @@ leads the tables with our fastest program of each runtime and precision class ag
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import dataclasses
 import json
-import os
-import statistics
-import subprocess
-import sys
-import time
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from hrm_edge.model.checkpoint import load_model
+from hrm_edge.config import ModelConfig
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_write_text, sha256_file
-from hrm_edge.runtime.manifest import read_manifest, verify_files
-from hrm_edge.verify.parity import host_target
-from hrm_edge.runtime.xnnpack_options import child_flags
+from hrm_edge.export.names import artifact_name
+from hrm_edge.io import atomic_write_text
+from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
+                                      lower_kv_pte, quiet_third_party, run_child)
+from hrm_edge.measure.peers import PeerShape, build_peers, require_peer_extra
+from hrm_edge.model.checkpoint import save_model
+from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
+from hrm_edge.runtime.xnnpack_options import child_flags, weight_cache_enabled
+from hrm_edge.verify.parity import host_target, load_bundle, perplexity, run_onnx
+
+BASELINE_ARCH = "transformer"
+BASELINE_MARKER = "baseline.json"
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident memory. VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over
-    from the parent across fork + exec, so every child would report at least the parent's size."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0  # kB
-    except OSError:
-        pass
-    import resource
+def baseline_programs() -> list[Artifact]:
+    """The unshared baseline's KV-cache programs, recorded as an export records its own (fp32 ONNX and .pte,
+    dynamic int8 .pte)."""
+    def kv(precision_name, fmt, precision):
+        name = artifact_name(BASELINE_ARCH, precision_name, fmt, "kv_cache")
+        return Artifact.new(name, fmt, precision, "kv_cache", "unrolled")
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _import_eager_model() -> None:
-    """What load_model imports (torch, safetensors, the model), imported before a load clock starts."""
-    import safetensors.torch  # noqa: F401
-    import torch  # noqa: F401
-
-    import hrm_edge.model.lm  # noqa: F401
-
-
-def measure_one(out_dir: Path, artifact: str, threads: int, seq_len: int, repeats: int,
-                weight_cache: bool = True) -> dict:
-    """Runs inside the child process: load and time one artifact ("eager" = the fp32 eager model)."""
-    manifest = read_manifest(out_dir)
-    vocab = manifest["model"]["vocab_size"]
-    tokens = np.random.default_rng(0).integers(0, vocab, size=(1, seq_len), dtype=np.int64)
-    # load time starts after the imports: it is the artifact's cost, not the interpreter's
-    if artifact == "eager":
-        import torch
-
-        _import_eager_model()
-        torch.set_num_threads(threads)
-        t0 = time.perf_counter()
-        model = load_model(out_dir)
-        x = torch.from_numpy(tokens)
-
-        def run():
-            with torch.no_grad():
-                return model(x)
-    elif artifact.endswith((".onnx", ".ort")):
-        import onnxruntime as ort
-
-        t0 = time.perf_counter()
-        so = ort.SessionOptions()
-        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        so.log_severity_level = 3
-        sess = ort.InferenceSession(str(out_dir / artifact), so, providers=["CPUExecutionProvider"])
-        name = sess.get_inputs()[0].name
-
-        def run():
-            return sess.run(None, {name: tokens})
-    elif artifact.endswith(".pte"):
-        import torch
-        import executorch.kernels.quantized  # noqa: F401
-        from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
-        from executorch.runtime import Runtime
-
-        from hrm_edge.runtime.xnnpack_options import set_weight_cache
-
-        _unsafe_reset_threadpool(threads)
-        set_weight_cache(weight_cache)
-        t0 = time.perf_counter()
-        method = Runtime.get().load_program(str(out_dir / artifact)).load_method("forward")
-        x = torch.from_numpy(tokens).contiguous()
-
-        def run():
-            return method.execute([x])
-    else:
-        raise UserError(f"unknown artifact type: {artifact}")
-    run()  # first run: lazy initialisation (weight packing) counts as load
-    load_s = time.perf_counter() - t0
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t)
-    latency = statistics.median(times)
-    return {"artifact": artifact, "threads": threads, "seq_len": seq_len, "load_s": load_s,
-            "latency_ms": latency * 1e3, "tokens_per_s": seq_len / latency, "peak_rss_mb": _peak_rss_mb()}
-
-
-def measure_decode_one(out_dir: Path, artifact: str, threads: int, prompt_len: int, new_tokens: int, repeats: int,
-                       weight_cache: bool = True) -> dict:
-    """Runs inside the child process: prefill + greedy decode with one KV-cache program ("eager" = eager)."""
-    from hrm_edge.model.eager import EagerDecoder
-    from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, generate
-
-    # imports before the clock: load time is the artifact's, not the interpreter's
-    if artifact == "eager":
-        _import_eager_model()
-    if artifact.endswith(".pte"):
-        import torch  # noqa: F401
-    if artifact.endswith(".pte"):
-        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  the KV programs' cache and attention ops
-        import executorch.kernels.quantized  # noqa: F401
-        import executorch.runtime  # noqa: F401
-    else:
-        import onnxruntime  # noqa: F401
-    t0 = time.perf_counter()
-    if artifact == "eager":
-        decoder = EagerDecoder(load_model(out_dir), threads)
-    elif artifact.endswith((".onnx", ".ort")):
-        decoder = OnnxDecoder(out_dir / artifact, threads)
-    else:
-        decoder = PteDecoder(out_dir / artifact, threads, weight_cache)
-    vocab = decoder.prefill(np.zeros(1, dtype=np.int64)).shape[-1]  # also the lazy initialisation
-    load_s = time.perf_counter() - t0
-    prompt = np.random.default_rng(0).integers(0, vocab, size=prompt_len).tolist()
-    runs = [generate(decoder, prompt, new_tokens) for _ in range(repeats)]
-    prefill_s = statistics.median(g.prefill_s for g in runs)
-    decode = statistics.median(g.decode_tokens_per_s for g in runs)
-    return {"artifact": artifact, "threads": threads, "prompt_len": prompt_len, "new_tokens": new_tokens,
-            "weight_cache": weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3,
-            "prefill_tokens_per_s": prompt_len / prefill_s, "decode_tokens_per_s": decode,
-            "peak_rss_mb": _peak_rss_mb()}
-
-
-def _child(out_dir: Path, args: list[str], threads: int) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-m", "hrm_edge.bench", str(out_dir), *args, "--threads", str(threads)],
-                          capture_output=True, text=True, env=env)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"benchmark child {args} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(lines[-1])
-
-
-BASELINE_SOURCES = ("model/lm.py", "export/onnx.py", "export/executorch.py", "export/onnx_passes.py", "export/quantize.py")
+    return [kv("fp32", "onnx", "fp32"), kv("fp32", "pte", "fp32"), kv("int8-dynamic", "pte", "int8")]
 
 
 def export_baseline(out_dir: Path, manifest: dict, log=print) -> Path:
     """The unshared equal-compute baseline: arch transformer with n_layers = T, same width and vocabulary,
-    random weights, exported as the same KV-cache programs (fp32 ONNX and .pte, dynamic int8 .pte)."""
-    import dataclasses
-
-    import torch
-
-    from hrm_edge.model.checkpoint import save_model
-    from hrm_edge.config import ModelConfig
-    from hrm_edge.export.executorch import export_pte_decode, quantized_for_pte
-    from hrm_edge.export.onnx import export_onnx_decode
-    from hrm_edge.model.lm import HRMLM
-
+    random weights, exported as the same KV-cache programs (baseline_programs) into DIR/baseline/; reused while
+    its marker records this model shape and the same exporting code (hrm_edge.measure.harness.build_unless_current)."""
     base = out_dir / "baseline"
     cfg = ModelConfig(**manifest["model"])
-    cfg = dataclasses.replace(cfg, arch="transformer", n_layers=cfg.n_steps)
-    marker = base / "baseline.json"
-    # the exporting code's own bytes too: a baseline exported by an older model.py is not this one's
-    code = {name: sha256_file(Path(__file__).resolve().parents[1] / name) for name in BASELINE_SOURCES}
-    if marker.is_file() and json.loads(marker.read_text()) == {"model": dataclasses.asdict(cfg), "code": code}:
-        return base  # exported earlier for this model shape, by this code
-    log(f"  exporting the unshared baseline ({cfg.n_layers} independent blocks) into {base} ...")
-    torch.manual_seed(0)
-    model = HRMLM(cfg).eval()
-    base.mkdir(parents=True, exist_ok=True)
-    save_model(base, model)
+    cfg = dataclasses.replace(cfg, arch=BASELINE_ARCH, n_layers=cfg.n_steps)
     bos, eos = manifest["tokenizer"]["bos_id"], manifest["tokenizer"]["eos_id"]
-    export_onnx_decode(model, base / "transformer.fp32.kv.onnx")
-    export_pte_decode(model, base / "transformer.fp32.kv.pte", bos, eos)
-    export_pte_decode(quantized_for_pte(model, "int8"), base / "transformer.int8-dynamic.kv.pte", bos, eos)
-    atomic_write_text(marker, json.dumps({"model": dataclasses.asdict(cfg), "code": code}) + "\n")
+
+    def build() -> list[Path]:
+        import torch  # the export stack: only when the baseline is (re)built
+
+        from hrm_edge.export.onnx import export_onnx_decode
+        from hrm_edge.model.lm import HRMLM
+
+        log(f"  exporting the unshared baseline ({cfg.n_layers} independent blocks) into {base} ...")
+        torch.manual_seed(0)
+        model = HRMLM(cfg).eval()
+        base.mkdir(parents=True, exist_ok=True)
+        save_model(base, model)
+        paths = []
+        for art in baseline_programs():
+            if art.format == "onnx":
+                export_onnx_decode(model, base / art.path)
+            else:
+                lower_kv_pte(model, base / art.path, art.precision, bos, eos)
+            paths.append(base / art.path)
+        return paths
+
+    build_unless_current(base / BASELINE_MARKER, {"model": dataclasses.asdict(cfg)}, build)
     return base
-
-
-@dataclass
-class DecodeTiming:
-    """How every decode program is timed: one thread count, prompt and continuation, `repeats` generations per
-    child process, `rounds` interleaved rounds, XNNPACK's weight cache on or off for the .pte programs."""
-
-    threads: int
-    prompt_len: int
-    new_tokens: int
-    repeats: int
-    rounds: int = 1
-    weight_cache: bool = True
 
 
 @dataclass
@@ -231,15 +101,9 @@ class DecodeJob:
     full_depth: bool = True  # False: a depth-dial program (fewer outer cycles), never compared with a peer
     passed: bool = True  # our artifact's parity verdict on this host: only a passing one leads the peer table
 
-    def measure(self, t: DecodeTiming) -> dict:
-        if self.model == "peer":
-            from hrm_edge.measure.peers import measure_peer_decode_child
-
-            return measure_peer_decode_child(self.folder / self.name, t.threads, t.prompt_len, t.new_tokens, t.repeats,
-                                             t.weight_cache)
-        return _child(self.folder, ["--one-decode", self.name, "--prompt-len", str(t.prompt_len), "--new-tokens",
-                                    str(t.new_tokens), "--repeats", str(t.repeats), *child_flags(t.weight_cache)],
-                      t.threads)
+    def measure(self, t: DecodeTiming, verbose: bool = False) -> dict:
+        kind = "peer-decode" if self.model == "peer" else "decode"
+        return decode_in_child(kind, self.folder, self.name, t, verbose)
 
 
 def decode_jobs(out_dir: Path, manifest: dict, baseline: bool, peers: bool, log=print) -> list[DecodeJob]:
@@ -252,18 +116,16 @@ def decode_jobs(out_dir: Path, manifest: dict, baseline: bool, peers: bool, log=
     if baseline:
         base = export_baseline(out_dir, manifest, log)
         jobs += [DecodeJob("baseline", base, "eager", "eager", "fp32")] + [
-            DecodeJob("baseline", base, p.name, p.suffix[1:], "int8" if "int8" in p.name else "fp32")
-            for p in sorted(base.glob("*.kv.*"))]
+            DecodeJob("baseline", base, a.path, a.format, a.precision) for a in baseline_programs()]
     if peers:
-        from hrm_edge.measure.peers import PeerShape, build_peers
-
         for program in build_peers(PeerShape.from_model(manifest["model"]), out_dir / "peers", log):
             precision = {"8da4w": "int4"}.get(program.precision, program.precision)
             jobs.append(DecodeJob("peer", program.path.parent, program.name, program.path.suffix[1:], precision))
     return jobs
 
 
-def run_decode_bench(out_dir: Path, timing: DecodeTiming, baseline: bool, peers: bool = False, log=print) -> dict:
+def run_decode_bench(out_dir: Path, timing: DecodeTiming, baseline: bool, peers: bool = False, log=print,
+                     verbose: bool = False) -> dict:
     """Every decode job timed in `rounds` interleaved rounds (each a fresh child: `repeats` generations, medians);
     a row's figures are the median round's. Interleaving spreads a busy moment of the machine over all jobs."""
     manifest = read_manifest(out_dir)
@@ -271,7 +133,7 @@ def run_decode_bench(out_dir: Path, timing: DecodeTiming, baseline: bool, peers:
     measured: list[list[dict]] = [[] for _ in jobs]
     for r in range(timing.rounds):
         for job, runs in zip(jobs, measured):
-            runs.append(job.measure(timing))
+            runs.append(job.measure(timing, verbose))
             log(f"  round {r + 1}/{timing.rounds} {job.model:<9} {job.name:<30} decode {runs[-1]['decode_tokens_per_s']:7.0f} tok/s")
     rows = []
     for job, runs in zip(jobs, measured):
@@ -312,7 +174,7 @@ def add_decode_ratios(rows: list[dict]) -> None:
             row["decode_vs_peer"] = row["decode_tokens_per_s"] / peer["decode_tokens_per_s"]
 
 
-ORT_DYNAMIC_BASELINE = "baseline/hrm.int8-ortdynamic.onnx"
+ORT_DYNAMIC_BASELINE = "baseline/" + artifact_name("hrm", "int8-ortdynamic", "onnx")
 
 
 def ort_dynamic_baseline(out_dir: Path, manifest: dict, log=print) -> dict | None:
@@ -321,14 +183,11 @@ def ort_dynamic_baseline(out_dir: Path, manifest: dict, log=print) -> dict | Non
     weight, inside the Loop body too, as DynamicQuantizeLinear -> MatMulInteger; per-channel int8
     weights). Not a shipped artifact (it has no eager int8 reference); scored against the parity
     bundle's fp32 logits. Returns the quality record, or None without an fp32 ONNX graph."""
-    fp32 = next((a for a in manifest["artifacts"] if a.path == "hrm.fp32.onnx"), None)
+    fp32 = next((a for a in manifest["artifacts"] if (a.format, a.precision, a.program, a.iteration, a.cycles)
+                 == ("onnx", "fp32", "full_sequence", "onnx_loop", None)), None)
     if fp32 is None:
         return None
-    import logging
-
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    from hrm_edge.verify.parity import load_bundle, perplexity, run_onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # its onnx and sympy: only when built here
 
     path = out_dir / ORT_DYNAMIC_BASELINE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -368,7 +227,7 @@ def _full_sequence_programs(manifest: dict, baseline: dict | None) -> list[tuple
 
 
 def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repeats: int = 10, log=print,
-              ort_baseline: bool = True, weight_cache: bool = True) -> dict:
+              ort_baseline: bool = True, weight_cache: bool = True, verbose: bool = False) -> dict:
     manifest = read_manifest(out_dir)
     seq_len = seq_len or min(128, manifest["model"]["max_seq_len"])
     if not 1 <= seq_len <= manifest["model"]["max_seq_len"]:
@@ -376,8 +235,8 @@ def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repea
     baseline = ort_dynamic_baseline(out_dir, manifest, log) if ort_baseline else None
     rows = []
     for path, fmt, precision, quantization, known in _full_sequence_programs(manifest, baseline):
-        row = _child(out_dir, ["--one", path, "--seq-len", str(seq_len), "--repeats", str(repeats),
-                               *child_flags(weight_cache)], threads)
+        args = ["forward", out_dir, path, "--seq-len", seq_len, "--repeats", repeats, *child_flags(weight_cache)]
+        row = run_child(args, threads, verbose)
         row.update(format=fmt, precision=precision, mode=quantization.get("mode", ""),
                    scales=quantization.get("activation_scales", "").split(" ")[0])
         row.update(known)
@@ -386,10 +245,15 @@ def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repea
     eager = rows[0]["latency_ms"]
     for row in rows:
         row["speedup_vs_eager"] = eager / row["latency_ms"]
-    return {"target": host_target(), "threads": threads, "seq_len": seq_len, "repeats": repeats,
-            "weight_cache": weight_cache,
+    return {"target": host_target(), "cpu": cpu_info(threads), "threads": threads, "seq_len": seq_len,
+            "repeats": repeats, "weight_cache": weight_cache,
             "model": {k: manifest["model"][k] for k in ("arch", "d_model", "vocab_size", "H_cycles", "L_cycles")},
             "rows": rows}
+
+
+def cpu_words(result: dict) -> str:
+    """The CPU sentence every table caption ends with (empty for a result recorded before it was measured)."""
+    return f" {describe_cpu(result['cpu'])}." if result.get("cpu") else ""
 
 
 def weight_cache_words(on: bool) -> str:
@@ -403,7 +267,7 @@ def render_decode_table(result: dict) -> str:
     lines = [f"Generation with a KV cache, batch 1, {d['prompt_len']}-token prompt then {d['new_tokens']} greedy tokens, "
              f"{result['threads']} thread(s), {result['target']}; each program in a fresh process, median of "
              f"{max(1, result['repeats'] // 3)} generations, the median of {d['rounds']} interleaved round(s); "
-             f"{weight_cache_words(d.get('weight_cache', False))}.", "",
+             f"{weight_cache_words(d.get('weight_cache', False))}.{cpu_words(result)}", "",
              "| model | program | bytes | load s | time to first token ms | prefill tok/s | decode tok/s | "
              "decode vs eager fp32 | vs unshared baseline | vs peer (same runtime and precision class) | peak RSS MB |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
@@ -429,7 +293,8 @@ def render_peer_ratios(result: dict) -> str:
     if not best:
         return ""
     peers = {r["artifact"]: r for r in result["decode"]["rows"] if r["model"] == "peer"}
-    lines = ["Decode against what each runtime's own tooling makes at the same shape (random weights):", "",
+    lines = ["Decode against what each runtime's own tooling makes at the same shape (random weights)."
+             + cpu_words(result), "",
              "| runtime | ours (fastest of its class) | bytes | decode tok/s | peer | bytes | decode tok/s | ours / peer |",
              "|---|---|---:|---:|---|---:|---:|---:|"]
     for (peer_name, _), r in sorted(best.items()):
@@ -447,14 +312,17 @@ def depth_dial_rows(manifest: dict, decode: dict) -> list[dict]:
     speed = {r["artifact"]: r["decode_tokens_per_s"] for r in decode["rows"] if r["model"] not in ("baseline", "peer")}
     rows = []
     for d in manifest.get("depth_dial") or []:
-        depth = "" if d["cycles"] == H else f".c{d['cycles']}"
-        program = next((p for p in (f"hrm.int8-dynamic{depth}.kv.pte", f"hrm.fp32{depth}.kv.pte") if p in speed), None)
+        cycles = None if d["cycles"] == H else d["cycles"]
+        kv_ptes = {a.precision: a.path for a in manifest["artifacts"]
+                   if (a.format, a.program, a.cycles) == ("pte", "kv_cache", cycles) and a.path in speed}
+        program = kv_ptes.get("int8") or kv_ptes.get("fp32")
         rows.append(d | {"program": program, "decode_tokens_per_s": speed.get(program)})
     return rows
 
 
-def render_depth_table(rows: list[dict]) -> str:
-    lines = ["Depth dial: the same weights with fewer outer cycles (validation windows of the parity bundle).", "",
+def render_depth_table(rows: list[dict], result: dict | None = None) -> str:
+    lines = [f"Depth dial: the same weights with fewer outer cycles (validation windows of the parity bundle)."
+             f"{cpu_words(result or {})}", "",
              "| outer cycles | block applications | perplexity | vs full depth | top-1 vs full depth | program | decode tok/s |",
              "|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
@@ -468,7 +336,7 @@ def render_depth_table(rows: list[dict]) -> str:
 def render_table(result: dict) -> str:
     lines = [f"Full-sequence forward, batch 1, {result['seq_len']} tokens, {result['threads']} thread(s), "
              f"{result['target']}; median of {result['repeats']}; "
-             f"{weight_cache_words(result.get('weight_cache', False))}.", "",
+             f"{weight_cache_words(result.get('weight_cache', False))}.{cpu_words(result)}", "",
              "| artifact | mode | act. scales | bytes | vs fp32 bytes | latency ms | tokens/s | vs eager | load s | "
              "peak RSS MB | ppl (fp32) | top-1 vs fp32 |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -509,18 +377,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="where to write the JSON results (default DIR/bench.json)")
     p.add_argument("--no-verify", action="store_true", help="run the artifacts without first checking them against "
                    "the manifest's sha256 (for artifacts edited on purpose)")
-    p.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure one artifact in this process
-    p.add_argument("--one-decode", help=argparse.SUPPRESS)  # internal: one KV-cache program
+    p.add_argument("--verbose", action="store_true", help="show the runtimes' and the export stack's own log lines "
+                   "and warnings (the benchmark processes' stderr too)")
     a = p.parse_args(argv)
     if a.threads < 1 or a.repeats < 1 or a.rounds < 1:
         raise UserError("--threads, --repeats and --rounds must be >= 1")
-    if a.one:
-        print(json.dumps(measure_one(a.dir, a.one, a.threads, a.seq_len, a.repeats, not a.no_weight_cache)))
-        return 0
-    if a.one_decode:
-        print(json.dumps(measure_decode_one(a.dir, a.one_decode, a.threads, a.prompt_len, a.new_tokens, a.repeats,
-                                            not a.no_weight_cache)))
-        return 0
+    quiet_third_party(a.verbose)
     manifest = read_manifest(a.dir)
     verify_files(a.dir, manifest, no_verify=a.no_verify)  # every file it loads; its children trust this check
     context = manifest["model"]["max_seq_len"]
@@ -529,22 +391,18 @@ def main(argv=None) -> int:
     if prompt_len < 1 or new_tokens < 1 or prompt_len + new_tokens > context:
         raise UserError(f"--prompt-len + --new-tokens must fit the context of {context} tokens")
     if a.peers:
-        from hrm_edge.measure.peers import require_peer_extra
-
         require_peer_extra()  # before minutes of benchmarking, not after
     if not a.no_weight_cache and any(art.format == "pte" for art in manifest["artifacts"]):
-        from hrm_edge.runtime.xnnpack_options import weight_cache_enabled
-
         weight_cache_enabled()  # one clear error now if this ExecuTorch build offers no way to set it
     result = run_bench(a.dir, a.threads, a.seq_len, a.repeats, ort_baseline=not a.no_baseline,
-                       weight_cache=not a.no_weight_cache)
+                       weight_cache=not a.no_weight_cache, verbose=a.verbose)
     print("decode benchmark:")
     timing = DecodeTiming(a.threads, prompt_len, new_tokens, max(1, a.repeats // 3), a.rounds, not a.no_weight_cache)
-    result["decode"] = run_decode_bench(a.dir, timing, baseline=not a.no_baseline, peers=a.peers)
+    result["decode"] = run_decode_bench(a.dir, timing, baseline=not a.no_baseline, peers=a.peers, verbose=a.verbose)
     table = render_peer_ratios(result) + "\n" + render_table(result) + "\n" + render_decode_table(result)
     result["depth_dial"] = depth_dial_rows(manifest, result["decode"])
     if result["depth_dial"]:
-        table += "\n" + render_depth_table(result["depth_dial"])
+        table += "\n" + render_depth_table(result["depth_dial"], result)
     print(table)
     path = a.json or a.dir / "bench.json"
     atomic_write_text(path, json.dumps(result, indent=2) + "\n")

@@ -24,6 +24,10 @@ import numpy as np
 
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text
+from hrm_edge.model.checkpoint import TOKENIZER, load_model
+from hrm_edge.runtime.decoders import Sampling, generate
+from hrm_edge.train.dataset import encode_documents, heldout_projects, xz_bits_per_byte
+from hrm_edge.train.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -38,8 +42,6 @@ class ProjectText:
 
 def heldout_texts(corpus: str, max_bytes: int) -> list[ProjectText]:
     """The held-out projects, each cut to its first files up to max_bytes (whole files; at least one)."""
-    from hrm_edge.train.dataset import heldout_projects
-
     out = []
     for project, docs in sorted(heldout_projects(corpus).items()):
         texts, n = [], 0
@@ -54,10 +56,7 @@ def heldout_texts(corpus: str, max_bytes: int) -> list[ProjectText]:
 
 def project_bits(model, tok, texts: list[str], seq_len: int, n_cycles: int | None, batch_size: int = 8) -> float:
     """Total next-token loss in bits of one project's text (each file followed by EOS)."""
-    import torch
-    import torch.nn.functional as F
-
-    from hrm_edge.train.dataset import encode_documents
+    import torch  # the model's runtime: imported when a checkpoint is evaluated, not for --help
 
     stream = encode_documents(tok, texts).astype(np.int64)
     starts = range(0, max(len(stream) - 1, 1), seq_len)
@@ -69,15 +68,12 @@ def project_bits(model, tok, texts: list[str], seq_len: int, n_cycles: int | Non
                 continue
             x = torch.from_numpy(w[None, :-1])
             logits = model(x, n_cycles=n_cycles)
-            nats += F.cross_entropy(logits[0], torch.from_numpy(w[1:]), reduction="sum").item()
+            nats += torch.nn.functional.cross_entropy(logits[0], torch.from_numpy(w[1:]), reduction="sum").item()
     return nats / math.log(2)
 
 
 def evaluate_checkpoint(checkpoint: Path, projects: list[ProjectText], seq_len: int, log=print) -> dict:
     """{project: {"full": bpb, "1_cycle": bpb}} of one checkpoint (1_cycle only for an HRM with H > 1)."""
-    from hrm_edge.model.checkpoint import TOKENIZER, load_model
-    from hrm_edge.train.tokenizer import load_tokenizer
-
     model = load_model(checkpoint)
     tok = load_tokenizer(checkpoint / TOKENIZER)
     depths = {"full": None}
@@ -93,8 +89,6 @@ def evaluate_checkpoint(checkpoint: Path, projects: list[ProjectText], seq_len: 
 
 def summary_rows(projects: list[ProjectText], results: dict) -> list[dict]:
     """One row per project (and 'all': byte-weighted): xz -9 and every checkpoint's bpb at each depth."""
-    from hrm_edge.train.dataset import xz_bits_per_byte
-
     rows, total = [], sum(p.bytes for p in projects)
     for p in projects:
         rows.append({"project": p.name, "bytes": p.bytes, "files": len(p.texts), "xz_9": xz_bits_per_byte(p.texts)}
@@ -117,10 +111,7 @@ def completions(checkpoint: Path, projects: list[ProjectText], n: int, prompt_to
                 new_tokens: int = 48) -> list[dict]:
     """Greedy and sampled (temperature 0.8, top-k 40) continuations of the first prompt_tokens of the first
     file of n held-out projects."""
-    from hrm_edge.model.checkpoint import TOKENIZER, load_model
-    from hrm_edge.model.eager import EagerDecoder
-    from hrm_edge.runtime.decoders import Sampling, generate
-    from hrm_edge.train.tokenizer import load_tokenizer
+    from hrm_edge.model.eager import EagerDecoder  # torch
 
     model, tok = load_model(checkpoint), load_tokenizer(checkpoint / TOKENIZER)
     out = []

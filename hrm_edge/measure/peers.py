@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -32,10 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
+from hrm_edge.config import ModelConfig
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.runtime.decoders import Decoder, PteDecoder, generate
 from hrm_edge.io import atomic_write_text, check_writable_dir
-from hrm_edge.runtime.xnnpack_options import child_flags
+from hrm_edge.measure.harness import DecodeTiming, cpu_info, decode_in_child, describe_cpu, quiet_third_party
+from hrm_edge.runtime.decoders import Decoder, PteDecoder, ort_session
+from hrm_edge.runtime.manifest import read_manifest
 
 MARKER = "peers.json"
 PEER_FILES = ("llama.fp32.pte", "llama.8da4w.pte", "llama.fp32.onnx", "llama.int8.onnx")
@@ -63,8 +66,6 @@ class PeerShape:
     @classmethod
     def from_model(cls, model: dict) -> "PeerShape":
         """From an export manifest's "model" dict (hrm: T = H_cycles * (L_cycles + 1); transformer: n_layers)."""
-        from hrm_edge.config import ModelConfig
-
         cfg = ModelConfig(**model)
         return cls(cfg.d_model, cfg.n_heads, cfg.ffn_hidden, cfg.n_steps, cfg.vocab_size, cfg.max_seq_len,
                    cfg.rope_theta, cfg.norm_eps)
@@ -208,7 +209,7 @@ def _export_llm(shape: PeerShape, checkpoint: Path, qmode: str | None, out: Path
 
 
 def _optimum_export(hf_dir: Path, out: Path) -> None:
-    import onnx
+    import onnx  # only here: the timing child imports this module and times programs without onnx loaded
 
     work = Path(tempfile.mkdtemp(dir=out.parent))
     _run_tool(["-m", "optimum.commands.optimum_cli", "export", "onnx", "--model", str(hf_dir), "--task",
@@ -222,8 +223,6 @@ def _optimum_export(hf_dir: Path, out: Path) -> None:
 
 
 def _quantize_dynamic(fp32: Path, out: Path) -> None:
-    import logging
-
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     level = logging.getLogger().level
@@ -253,13 +252,7 @@ class PeerOnnxDecoder(Decoder):
     The presents are the next call's pasts, as Optimum's own ORTModelForCausalLM does."""
 
     def __init__(self, path: Path, max_seq_len: int, threads: int = 0):
-        import onnxruntime as ort
-
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        if threads:
-            so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-        self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self.session = ort_session(path, threads)
         self.inputs = {i.name: i.shape for i in self.session.get_inputs()}
         self.outputs = [o.name for o in self.session.get_outputs()]  # logits, present.N.key, present.N.value, ...
         self.max_seq_len = max_seq_len  # the graph has no limit of its own; ours, so generate() stops where ours do
@@ -292,56 +285,6 @@ def peer_decoder(path: Path, threads: int = 0, weight_cache: bool | None = None)
     return PeerOnnxDecoder(path, json.loads((path.parent / MARKER).read_text())["shape"]["max_seq_len"], threads)
 
 
-def _peak_rss_mb() -> float:
-    """Peak resident memory of this process (VmHWM: ru_maxrss carries the parent's over across fork + exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024.0  # kB
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def measure_peer_decode(path: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int,
-                        weight_cache: bool = True) -> dict:
-    """Runs inside a fresh child process, like hrm_edge.measure.bench's measure_decode_one (same keys, same rules):
-    imports before the clock, load time includes a one-token prefill (lazy initialisation, weight packing),
-    then `repeats` runs of a prompt_len random prompt + new_tokens greedy tokens; medians."""
-    path = Path(path)
-    if path.suffix == ".pte":
-        import torch  # noqa: F401
-        import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
-        import executorch.kernels.quantized  # noqa: F401
-        import executorch.runtime  # noqa: F401
-    else:
-        import onnxruntime  # noqa: F401
-    t0 = time.perf_counter()
-    decoder = peer_decoder(path, threads, weight_cache if path.suffix == ".pte" else None)
-    vocab = decoder.prefill(np.zeros(1, dtype=np.int64)).shape[-1]
-    load_s = time.perf_counter() - t0
-    prompt = np.random.default_rng(0).integers(0, vocab, size=prompt_len).tolist()
-    runs = [generate(decoder, prompt, new_tokens) for _ in range(repeats)]
-    prefill_s = float(np.median([g.prefill_s for g in runs]))
-    decode = float(np.median([g.decode_tokens_per_s for g in runs]))
-    return {"artifact": path.name, "threads": threads, "prompt_len": prompt_len, "new_tokens": new_tokens,
-            "weight_cache": weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3,
-            "prefill_tokens_per_s": prompt_len / prefill_s, "decode_tokens_per_s": decode,
-            "peak_rss_mb": _peak_rss_mb()}
-
-
-def measure_peer_decode_child(path: Path, threads: int, prompt_len: int, new_tokens: int, repeats: int,
-                              weight_cache: bool = True) -> dict:
-    """measure_peer_decode in a fresh process, so load time and peak RSS are the program's own."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-m", "hrm_edge.peers", "--one-decode", str(path), "--threads", str(threads),
-                           "--prompt-len", str(prompt_len), "--new-tokens", str(new_tokens), "--repeats", str(repeats),
-                           *child_flags(weight_cache)],
-                          capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"peer benchmark child for {path} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(lines[-1])
-
-
 def parse_shape_overrides(shape: PeerShape, items: list[str]) -> PeerShape:
     """--shape KEY=VALUE (repeatable) on top of the export's shape."""
     fields = {f.name: f for f in dataclasses.fields(PeerShape)}
@@ -357,12 +300,12 @@ def parse_shape_overrides(shape: PeerShape, items: list[str]) -> PeerShape:
     return dataclasses.replace(shape, **changes)
 
 
-def render_peer_table(shape: PeerShape, rows: list[dict], programs: list[PeerProgram]) -> str:
+def render_peer_table(shape: PeerShape, rows: list[dict], programs: list[PeerProgram], cpu: dict | None = None) -> str:
     r0 = rows[0]
     lines = [f"Peers at d_model {shape.d_model}, {shape.n_layers} layers, {shape.n_heads} heads, ffn {shape.ffn_hidden}, "
              f"vocab {shape.vocab_size}, context {shape.max_seq_len}: {r0['prompt_len']}-token prompt then "
              f"{r0['new_tokens']} greedy tokens, {r0['threads']} thread(s); .pte programs with XNNPACK's weight cache "
-             f"{'on' if r0.get('weight_cache', True) else 'off'}.", "",
+             f"{'on' if r0.get('weight_cache', True) else 'off'}." + (f" {describe_cpu(cpu)}." if cpu else ""), "",
              "| program | bytes | build s | load s | time to first token ms | prefill tok/s | decode tok/s | peak RSS MB |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r, p in zip(rows, programs):
@@ -373,8 +316,6 @@ def render_peer_table(shape: PeerShape, rows: list[dict], programs: list[PeerPro
 
 def _model_dict(folder: Path) -> dict:
     """The model config of an export folder (its manifest) or of a checkpoint folder (its config.json)."""
-    from hrm_edge.verify.parity import read_manifest
-
     if (folder / "config.json").is_file() and not (folder / "manifest.json").is_file():
         return json.loads((folder / "config.json").read_text())
     return read_manifest(folder)["model"]
@@ -397,14 +338,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-weight-cache", action="store_true",
                    help="run the .pte programs with XNNPACK's weight cache off (the pip wheel's default; default: on, "
                         "as ExecuTorch's Android and iOS builds)")
-    p.add_argument("--one-decode", type=Path, help=argparse.SUPPRESS)  # internal: time one program in this process
+    p.add_argument("--json", type=Path, help="also write the timings, the shape and the CPU to this JSON file")
+    p.add_argument("--verbose", action="store_true", help="show the build tools' and runtimes' own log lines")
     a = p.parse_args(argv)
     if a.threads < 1 or a.repeats < 1:
         raise UserError("--threads and --repeats must be >= 1")
-    if a.one_decode:
-        print(json.dumps(measure_peer_decode(a.one_decode, a.threads, a.prompt_len, a.new_tokens, a.repeats,
-                                             not a.no_weight_cache)))
-        return 0
+    quiet_third_party(a.verbose)
     if a.dir is None:
         raise UserError("give the export folder whose shape the peers take (see --help)")
     shape = parse_shape_overrides(PeerShape.from_model(_model_dict(a.dir)), a.shape)
@@ -416,11 +355,15 @@ def main(argv=None) -> int:
     programs = build_peers(shape, folder)
     if a.build_only:
         return 0
+    timing = DecodeTiming(a.threads, prompt_len, new_tokens, a.repeats, weight_cache=not a.no_weight_cache)
     rows = []
     for prog in programs:
-        rows.append(measure_peer_decode_child(prog.path, a.threads, prompt_len, new_tokens, a.repeats,
-                                              not a.no_weight_cache))
+        rows.append(decode_in_child("peer-decode", prog.path.parent, prog.name, timing, a.verbose))
         print(f"  {prog.name:<16} prefill {rows[-1]['prefill_tokens_per_s']:8.0f} tok/s, "
               f"decode {rows[-1]['decode_tokens_per_s']:7.0f} tok/s")
-    print(render_peer_table(shape, rows, programs))
+    cpu = cpu_info(a.threads)
+    print(render_peer_table(shape, rows, programs, cpu))
+    if a.json:
+        record = {"shape": dataclasses.asdict(shape), "cpu": cpu, "rows": rows}
+        atomic_write_text(a.json, json.dumps(record, indent=2) + "\n")
     return 0

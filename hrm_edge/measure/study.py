@@ -22,7 +22,6 @@ import copy
 import dataclasses
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -30,10 +29,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hrm_edge.model.checkpoint import CONFIG, STATE, TOKENIZER, load_model
+from tqdm import tqdm
+
 from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig
 from hrm_edge.errors import UserError, run_cli
+from hrm_edge.export.names import artifact_name
+from hrm_edge.export.pipeline import versions
 from hrm_edge.io import atomic_write_text, check_writable_dir, sha256_file
+from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
+                                      lower_kv_pte, quiet_third_party)
+from hrm_edge.model.checkpoint import CONFIG, STATE, TOKENIZER, WEIGHTS, load_model
+from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
 
 DEFAULT_OUT = Path("runs/study")
 RESULT = "result.json"
@@ -243,51 +249,54 @@ def check_same_setup(results: list[dict]) -> None:
 
 
 def pte_name(e: Entry) -> str:
-    return f"{e.name}.int8-dynamic.kv.pte"
+    return artifact_name(e.name, "int8-dynamic", "pte", "kv_cache")
+
+
+PTE_MARKER = "pte.json"  # what the int8 program was built from (hrm_edge.measure.harness.build_unless_current)
 
 
 def export_entry(e: Entry, out: Path, threads: int, log) -> dict:
     """The int8 KV-cache ExecuTorch program, built exactly as `python -m hrm_edge.export` builds
-    hrm.int8-dynamic.kv.pte (torchao int8 dynamic activations x int8 weights, XNNPACK)."""
-    import torch
-
-    from hrm_edge.export.executorch import export_pte_decode, quantized_for_pte
-    from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
-
+    hrm.int8-dynamic.kv.pte (torchao int8 dynamic activations x int8 weights, XNNPACK); kept while its marker
+    records these weights and the same exporting code."""
     folder = out / e.name
     result = _read_json(folder / RESULT)
     path = folder / pte_name(e)
-    pte = result.get("pte")
-    if pte and path.is_file() and sha256_file(path) == pte["sha256"]:
+
+    def build() -> list[Path]:
+        import torch  # the lowering's thread count
+
+        if threads:
+            torch.set_num_threads(threads)
+        log(f"[study] {e.name}: lowering the int8 KV-cache program to XNNPACK (T={result['block_applications']}; "
+            f"minutes) ...")
+        tok = load_tokenizer(folder / TOKENIZER)
+        return [lower_kv_pte(load_model(folder), path, "int8", bos_id(tok), eos_id(tok))]
+
+    record, built = build_unless_current(folder / PTE_MARKER, {"weights": sha256_file(folder / WEIGHTS)}, build)
+    built_file = record["files"][0]
+    pte = {"path": built_file["path"], "bytes": built_file["bytes"], "sha256": built_file["sha256"],
+           "export_s": record["build_s"]}
+    if not built:
         log(f"[study] {e.name}: int8 program already built (kept)")
-        return result
-    if threads:
-        torch.set_num_threads(threads)
-    log(f"[study] {e.name}: lowering the int8 KV-cache program to XNNPACK (T={result['block_applications']}; minutes) ...")
-    t = time.perf_counter()
-    model = load_model(folder)
-    tok = load_tokenizer(folder / TOKENIZER)
-    export_pte_decode(quantized_for_pte(model, "int8"), path, bos_id(tok), eos_id(tok))
-    result["pte"] = {"path": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path),
-                     "export_s": time.perf_counter() - t}
-    atomic_write_text(folder / RESULT, json.dumps(result, indent=2) + "\n")
-    log(f"[study] {e.name}: wrote {path.name} ({result['pte']['bytes']:,} bytes) in {result['pte']['export_s']:.0f} s")
+    if result.get("pte") != pte:
+        result["pte"] = pte
+        atomic_write_text(folder / RESULT, json.dumps(result, indent=2) + "\n")
+    if built:
+        log(f"[study] {e.name}: wrote {path.name} ({pte['bytes']:,} bytes) in {pte['export_s']:.0f} s")
     return result
 
 
-def measure_decode(b: Budget, entries: list[Entry], out: Path, threads: int, progress: bool, log) -> dict:
-    """Decode tokens/s of each int8 program, each run in a fresh process (hrm_edge.measure.bench's child), the
+def measure_decode(b: Budget, entries: list[Entry], out: Path, threads: int, progress: bool, log,
+                   verbose: bool = False) -> dict:
+    """Decode tokens/s of each int8 program, each run in a fresh process (hrm_edge.measure.harness), the
     models interleaved round by round so that a change in machine load hits them alike."""
-    from tqdm import tqdm
-
-    from hrm_edge.measure.bench import _child
-
     t = time.perf_counter()
+    timing = DecodeTiming(threads, b.decode_prompt, b.decode_new_tokens, b.decode_repeats)
     runs: dict[str, list[dict]] = {e.name: [] for e in entries}
     jobs = [(r, e) for r in range(b.decode_rounds) for e in entries]
     for r, e in tqdm(jobs, desc="decode", unit="run", disable=not progress):
-        row = _child(out / e.name, ["--one-decode", pte_name(e), "--prompt-len", str(b.decode_prompt),
-                                    "--new-tokens", str(b.decode_new_tokens), "--repeats", str(b.decode_repeats)], threads)
+        row = decode_in_child("decode", out / e.name, pte_name(e), timing, verbose)
         row["load_avg_1m"] = os.getloadavg()[0]
         runs[e.name].append(row)
         log(f"[study] decode round {r + 1}/{b.decode_rounds} {e.name}: {row['decode_tokens_per_s']:,.0f} tokens/s")
@@ -296,7 +305,7 @@ def measure_decode(b: Budget, entries: list[Entry], out: Path, threads: int, pro
                       "rounds": rows} for name, rows in runs.items()}
     return {"threads": threads, "prompt_len": b.decode_prompt, "new_tokens": b.decode_new_tokens,
             "rounds": b.decode_rounds, "repeats_per_round": b.decode_repeats, "wall_s": time.perf_counter() - t,
-            "models": summary}
+            "cpu": cpu_info(threads), "models": summary}
 
 
 # ---------------------------------------------------------------- report
@@ -325,16 +334,6 @@ def goals(by_name: dict, ref: str, hrm: str, eq: str, decode: dict) -> list[dict
     return out
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _duration(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 120 else f"{s:.0f} s"
 
@@ -355,7 +354,7 @@ def render(study: dict) -> str:
         f"{rows[0]['model']['vocab_size'] if rows else '?'}-token BPE tokenizer shared by all (sha256 "
         f"{study['tokenizer_sha256'][:12] if study['tokenizer_sha256'] else '?'}). Validation: "
         f"{tc['eval_batches'] * tc['batch_size']} windows of {tc['seq_len']} tokens of the held-out split, the same for every "
-        f"model; bits/byte = loss / ln 2 x tokens / bytes of the split.", "",
+        f"model; bits/byte = loss / ln 2 x tokens / bytes of the split. {describe_cpu(study.get('cpu', {}))}.", "",
         "| model | unique params | vs 4L | T | val ppl | bits/byte | bpb vs 4L | bpb vs hrm | train tok/s | epoch (est.) "
         "| int8 .pte bytes | int8 decode tok/s | decode vs 4L | decode vs equal-compute |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -391,8 +390,8 @@ def render(study: dict) -> str:
               f"{d.get('threads', '?')} thread, median of {d.get('rounds', '?')} round(s) interleaved across the models "
               f"(each round a fresh process, median of {d.get('repeats_per_round', '?')} generations); "
               "'–' = not measured (ablations only with --decode-ablations).",
-              f"- machine: {study['machine']['processor'] or study['machine']['machine']}, {study['machine']['cpus']} "
-              f"cores shared with other work (1-minute load average during training "
+              f"- machine: {describe_cpu(study.get('cpu', {}))}; shared with other work (1-minute load average "
+              f"during training "
               f"{min(loads):.1f}-{max(loads):.1f}), so tokens/s figures carry that noise." if loads else "",
               f"- wall time of this invocation {_duration(study['wall_time_s'])}; per model, summed over runs: "
               f"training loops {_duration(study['models_train_wall_s'])}, int8 lowering {_duration(study['models_export_s'])}.",
@@ -415,6 +414,7 @@ class StudyOptions:
     decode_ablations: bool = False  # also lower and time every ablation's int8 program
     train_only: bool = False  # stop after training (a GPU machine without ExecuTorch); --resume does the rest
     progress: bool = True
+    verbose: bool = False  # the runtimes' own log lines and the benchmark processes' stderr
     command: str = "python -m hrm_edge.study"  # recorded in study.json
 
 
@@ -440,7 +440,6 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
                         f"({_read_json(out / STUDY_CONFIG)['budget']['name']}); choose another --out")
     atomic_write_text(out / STUDY_CONFIG, json.dumps(config, indent=2) + "\n")
     if not o.train_only:  # imported now, not when first needed an hour later: a long run uses the code it started with
-        import hrm_edge.measure.bench  # noqa: F401
         import hrm_edge.export.executorch  # noqa: F401
         import hrm_edge.export.quantize  # noqa: F401
 
@@ -462,16 +461,14 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
                                                                           or o.decode_ablations)]
     for e in decoded:
         export_entry(e, out, threads, log)
-    decode = measure_decode(b, decoded, out, o.decode_threads, progress, log) if decoded else {}
-
-    from hrm_edge.export.pipeline import versions
+    decode = measure_decode(b, decoded, out, o.decode_threads, progress, log, o.verbose) if decoded else {}
 
     results = [_read_json(out / e.name / RESULT) for e in entries if (out / e.name / RESULT).is_file()]
     by_name = {r["name"]: r for r in results}
     ref, hrm, eq = (next(e.name for e in entries if e.role == role) for role in ("reference", "hrm", "equal-compute"))
     study = {
         "command": o.command, "budget": _jsonable(b), "versions": versions(),
-        "machine": {"machine": platform.machine(), "processor": _cpu_name(), "cpus": os.cpu_count()},
+        "cpu": cpu_info(o.decode_threads),
         "threads": threads, "reference": ref, "hrm": hrm, "equal_compute": eq,
         "tokenizer_sha256": results[0]["tokenizer_sha256"] if results else None,
         "wall_time_s": time.perf_counter() - t_start,
@@ -510,7 +507,9 @@ def main(argv=None) -> int:
                    help="only train the models (on a GPU if there is one, even without ExecuTorch installed); a "
                         "later run with --resume keeps them and builds, times and tabulates")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    p.add_argument("--verbose", action="store_true", help="show the export stack's and runtimes' own log lines")
     a = p.parse_args(argv)
+    quiet_third_party(a.verbose)
     if a.threads < 0 or a.decode_threads < 1:
         raise UserError("--threads must be >= 0 and --decode-threads >= 1")
     only = [n.strip() for n in a.only.split(",") if n.strip()] if a.only else None
@@ -525,6 +524,7 @@ def main(argv=None) -> int:
     study = run_study(budget, a.out, StudyOptions(only=only, resume=a.resume, threads=a.threads,
                                                   decode_threads=a.decode_threads, decode_ablations=a.decode_ablations,
                                                   train_only=a.train_only, progress=not a.no_progress,
+                                                  verbose=a.verbose,
                                                   command=shlex.join(["python", "-m", "hrm_edge.study", *argv])))
     if a.train_only:
         return 0

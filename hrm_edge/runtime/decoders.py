@@ -1,9 +1,9 @@
 """Prefill + decode with a KV cache, in each runtime, and sampling. numpy in, numpy out.
 
 A Decoder has prefill(tokens [S]) -> logits [S, V] and decode(token) -> logits [V]; reset() starts a
-new sequence. The ONNX decoder needs numpy and onnxruntime alone (so a device can run it), the .pte decoder
-executorch (whose pybindings need torch; imported when one is made). The eager model's decoder, which has the
-same two methods, is hrm_edge.model.eager.EagerDecoder.
+new sequence. The ONNX decoder needs numpy and onnxruntime alone (so a device can run it; ort_session makes
+the package's onnxruntime sessions), the .pte decoder executorch (whose pybindings need torch; imported when
+one is made). The eager model's decoder, which has the same two methods, is hrm_edge.model.eager.EagerDecoder.
 """
 from __future__ import annotations
 
@@ -13,6 +13,21 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import onnxruntime as ort
+
+
+def ort_session(path: Path, threads: int = 0, profile: bool = False) -> ort.InferenceSession:
+    """The one way an onnxruntime session is made: the CPU provider, warnings and below not logged,
+    `threads` intra-op threads and one inter-op thread (0: onnxruntime's default pool), and with profile its
+    per-node JSON profile (session.end_profiling() writes it)."""
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.enable_profiling = profile
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+from hrm_edge.runtime.xnnpack_options import set_weight_cache
 
 
 class Decoder:
@@ -81,8 +96,6 @@ class PteDecoder(Decoder):
 
             _unsafe_reset_threadpool(threads)
         if weight_cache is not None:
-            from hrm_edge.runtime.xnnpack_options import set_weight_cache
-
             set_weight_cache(weight_cache)  # read when the program's delegates are initialised, at load
         self.torch = torch
         program = Runtime.get().load_program(str(path))

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hrm_edge.config import ModelConfig
 from hrm_edge.errors import UserError
 from hrm_edge.io import sha256_file
 
@@ -54,7 +55,7 @@ class Artifact:
     bytes: int | None = None  # file size and digest (set once the file is final; always in a manifest)
     sha256: str | None = None
     parity: dict | None = None  # {host target: check result}
-    targets: dict | None = None  # {target: {CPU model: check result}} (hrm_edge.verify.arm64)
+    targets: dict | None = None  # {target: {CPU model: check result}} (hrm_edge.verify.arm64_gate)
 
     @classmethod
     def new(cls, path: Path | str, fmt: str, precision: str, program: str, iteration: str, **optional) -> "Artifact":
@@ -211,8 +212,6 @@ def verify_files(out_dir: Path, manifest: dict, paths=None, no_verify: bool = Fa
 
 def check_model_config(path: Path, manifest: dict, hint: str = NO_VERIFY_HINT) -> None:
     """config.json carries no digest: it must describe the model the manifest records."""
-    from hrm_edge.config import ModelConfig
-
     config = dataclasses.asdict(ModelConfig.load(path))
     diff = sorted(k for k, v in manifest.get("model", {}).items() if config.get(k) != v)
     if diff:

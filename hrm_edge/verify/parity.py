@@ -1,13 +1,14 @@
 """Parity gate: run every artifact in its real runtime and compare with the eager model's logits.
 
     python -m hrm_edge.parity DIR          # re-verify sha256 and parity of an export folder
-    python -m hrm_edge.parity DIR --target aarch64   # the same on emulated ARM64 CPUs (hrm_edge.verify.arm64)
+    python -m hrm_edge.parity DIR --target aarch64   # the same on emulated ARM64 CPUs (hrm_edge.verify.arm64_gate)
 
-The runtime side (load an artifact, run it, compare with expected arrays) imports numpy and the runtime
-only: onnxruntime for .onnx, executorch for .pte (whose pybindings import torch themselves). Computing the
-eager reference is the one part that needs torch, and it is imported only there. The gate on another CPU
-architecture (--target aarch64) lives with the emulation code in hrm_edge.verify.arm64, which builds on this module;
-this module never imports it (only the script entry at the bottom hands it to main).
+This module is the runtime side (load an artifact, run it, compare with expected arrays, the bundle, the
+report): it imports numpy and the runtimes only, onnxruntime for .onnx, executorch for .pte (whose pybindings
+import torch themselves), so it runs where torch does not (the ARM64 ONNX path). Computing the eager reference
+is the one part that needs torch: hrm_edge.verify.reference, imported only when the bundle is re-derived from
+the checkpoint. The gate on another CPU architecture (--target aarch64) is hrm_edge.verify.arm64_gate, which
+builds on this module; this module never imports it (the script entry hrm_edge.parity hands it to main).
 
 The expected outputs live in the export folder's parity bundle (parity_bundle.npz): the held-out
 validation token windows and the fp32 eager logits. Re-running parity on a folder also recomputes the
@@ -17,7 +18,7 @@ vouch for a wrong artifact.
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import math
 import platform
 import sys
@@ -27,9 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_write_text, sha256_file
-from hrm_edge.runtime.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest, verify_files
+from hrm_edge.errors import UserError
+from hrm_edge.io import atomic_path, atomic_write_text, sha256_file
+from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
+from hrm_edge.runtime.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest
 
 
 @dataclass
@@ -125,11 +127,7 @@ def compare(logits: np.ndarray, reference: np.ndarray, targets: np.ndarray, tol:
 # ---- runtimes (numpy in, numpy out) ----
 def run_onnx(path: Path, tokens: np.ndarray) -> np.ndarray:
     """tokens [N, S] int64 -> logits [N, S, V] float32 with onnxruntime on the CPU."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(path)
     name = sess.get_inputs()[0].name
     return sess.run(None, {name: np.ascontiguousarray(tokens, dtype=np.int64)})[0]
 
@@ -150,8 +148,6 @@ def run_pte(path: Path, tokens: np.ndarray) -> np.ndarray:
 
 
 def kv_decoder(path: Path, fmt: str):
-    from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder
-
     return OnnxDecoder(path) if fmt in ("onnx", "ort") else PteDecoder(path)
 
 
@@ -159,8 +155,6 @@ def run_artifact(path: Path, art: Artifact, tokens: np.ndarray) -> np.ndarray:
     """Full-sequence logits [N, S, V] of tokens [N, S]: directly, or for a KV-cache program by a prefill of
     art.prefill_len tokens followed by one decode step per remaining token."""
     if art.program == "kv_cache":
-        from hrm_edge.runtime.decoders import decode_logits
-
         return decode_logits(kv_decoder(path, art.format), tokens, art.prefill_len)
     if art.format in ("onnx", "ort"):  # onnxruntime loads its .ort format like an .onnx file
         return run_onnx(path, tokens)
@@ -170,20 +164,7 @@ def run_artifact(path: Path, art: Artifact, tokens: np.ndarray) -> np.ndarray:
 
 
 def greedy_tokens(path: Path, fmt: str, prompt: np.ndarray, n_new: int) -> np.ndarray:
-    from hrm_edge.runtime.decoders import generate
-
     return np.array(generate(kv_decoder(path, fmt), prompt.tolist(), n_new).tokens, dtype=np.int64)
-
-
-# ---- eager reference (the only torch part) ----
-def eager_logits(model, tokens: np.ndarray, batch_size: int = 4) -> np.ndarray:
-    import torch
-
-    outs = []
-    with torch.no_grad():
-        for i in range(0, len(tokens), batch_size):
-            outs.append(model(torch.from_numpy(tokens[i : i + batch_size])).numpy())
-    return np.concatenate(outs, axis=0).astype(np.float32)
 
 
 def write_bundle(path: Path, windows: np.ndarray, fp32_logits: np.ndarray, references: dict | None = None,
@@ -192,8 +173,6 @@ def write_bundle(path: Path, windows: np.ndarray, fp32_logits: np.ndarray, refer
     references: {name: logits} of the int8 eager references, stored as "reference/<name>";
     greedy: (prompt, tokens) of the eager fp32 model's greedy continuation, or (prompt, tokens, {K: tokens})
     with the continuations of the depth dial's K-cycle model too (stored as "greedy/eager_tokens.cK")."""
-    from hrm_edge.io import atomic_path
-
     arrays = {"windows": windows, "fp32_logits": fp32_logits}
     if greedy is not None:
         arrays["greedy/prompt"], arrays["greedy/eager_tokens"] = greedy[:2]
@@ -284,25 +263,6 @@ def check_summary(result: dict) -> str:
                      f"top-1 {c['top1_agreement']:.4f}" for c in result.get("checks", []) if "top1_agreement" in c)
 
 
-def verify_reference(out_dir: Path, bundle: dict, manifest: dict | None = None) -> str | None:
-    """Recompute eager fp32 logits from the folder's checkpoint (its weights checked against the manifest's
-    sha256 first, its config against the manifest's model); return a failure reason or None."""
-    from hrm_edge.model.checkpoint import load_model
-
-    ckpt = (manifest or {}).get("checkpoint") or {}
-    if {"config", "weights"} <= set(ckpt):
-        try:
-            verify_files(out_dir, manifest, [ckpt["config"], ckpt["weights"]], hint="re-export")
-        except UserError as e:
-            return str(e)
-    model = load_model(out_dir)
-    ref = eager_logits(model, bundle["windows"][:, :-1])
-    err = float(np.abs(ref - bundle["fp32_logits"]).max())
-    if err > 1e-5 * float(ref.max() - ref.min()):
-        return f"parity bundle does not match the eager model in {out_dir} (max abs {err:.3g})"
-    return None
-
-
 def checked_bundle(out_dir: Path, manifest: dict, recompute_reference: bool, failures: list) -> dict | None:
     """The parity bundle if its sha256 matches the manifest (and, if asked, the eager model still computes
     its fp32 logits); otherwise None, with the reason appended to `failures`."""
@@ -312,6 +272,9 @@ def checked_bundle(out_dir: Path, manifest: dict, recompute_reference: bool, fai
         return None
     bundle = load_bundle(bundle_path)
     if recompute_reference:
+        # torch and the model only here: the runtime side (and --bundle-only) runs where torch is not installed
+        from hrm_edge.verify.reference import verify_reference
+
         reason = verify_reference(out_dir, bundle, manifest)
         if reason:
             failures.append(reason)
@@ -447,7 +410,7 @@ def render_report(manifest: dict) -> str:
 # ---- CLI ----
 def main(argv=None, target_main=None) -> int:
     """python -m hrm_edge.parity. target_main(args, manifest, target, cpu models, skip) -> exit code runs the
-    gate on another target (the script entry below passes hrm_edge.verify.arm64.target_main)."""
+    gate on another target (the script entry hrm_edge.parity passes hrm_edge.verify.arm64_gate.target_main)."""
     p = argparse.ArgumentParser(prog="python -m hrm_edge.parity", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=Path, help="export folder (holds manifest.json)")
     p.add_argument("--bundle-only", action="store_true",
@@ -485,11 +448,9 @@ def main(argv=None, target_main=None) -> int:
     if a.target != "host":
         if target_main is None:
             raise UserError(f"--target {a.target}: run it as python -m hrm_edge.parity (the emulated gate is "
-                            "hrm_edge.verify.arm64's)")
+                            "hrm_edge.verify.arm64_gate's)")
         return target_main(a, manifest, a.target, cpus, skip)
     if a.bundle_only and "pte" in formats:
-        import importlib.util
-
         if importlib.util.find_spec("executorch") is None:
             skip["pte"] = "executorch is not installed here"
     print(f"parity check of {a.dir} on {host_target()}{' (bundle only)' if a.bundle_only else ''}")

@@ -28,6 +28,7 @@ import numpy as np
 
 from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_write_bytes
+from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits
 from hrm_edge.verify.parity import Tolerance, compare
 
 WEB_BUNDLE = "web_bundle.bin"
@@ -114,8 +115,6 @@ def read_web_bundle(path: Path) -> WebBundle:
 def kv_logits(artifact_path: Path, web: WebBundle) -> np.ndarray:
     """Run a *.kv.onnx / *.kv.ort graph over the web bundle the way the page does: prefill prefill_len tokens,
     then one decode step per token. Returns logits [N, S, V]."""
-    from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits
-
     return decode_logits(OnnxDecoder(artifact_path), web.windows[:, :-1], web.prefill_len)
 
 

@@ -1,19 +1,13 @@
-"""ARM64 parity under QEMU user-mode emulation: the same artifacts and bundle, run by real aarch64 kernels.
+"""The ARM64 emulation toolchain: what `python -m hrm_edge.parity DIR --target aarch64` runs the artifacts with.
 
-    python -m hrm_edge.parity DIR --target aarch64 [--cpu cortex-a76,max]   # check an export folder
-    python -m hrm_edge.arm64 [--no-pte]                                     # only fetch what that needs
-
-The target gate (run_target_gate, and target_main, which the parity CLI runs for --target aarch64) is here,
-beside the emulation it drives; it builds on hrm_edge.verify.parity's runtime side, which never imports this module.
+    python -m hrm_edge.arm64 [--no-pte]     # only fetch it (the gate, hrm_edge.verify.arm64_gate, fetches on first use)
 
 What runs: Debian bookworm's arm64 CPython 3.11 (its .debs unpacked into one folder, nothing installed)
 under the static qemu-aarch64 of Debian trixie's qemu-user (10.x; bookworm's 7.2 segfaults when
 onnxruntime loads), with the aarch64 wheels of the host's own onnxruntime and numpy versions. For .pte
 files also torch + executorch + torchao (ExecuTorch's pybindings link libtorch), and, because torch's
 aarch64 wheel links CUDA libraries it never calls on a CPU, the NVIDIA aarch64 wheels (~3 GB) unpacked
-only for the dynamic linker. Inside the emulated Python, hrm_edge.verify.parity's runtime side (no torch for
-ONNX/ORT) checks each artifact against the parity bundle exactly as on the host; the host then measures
-how far the ARM64 logits are from its own x86 logits of the same artifact.
+only for the dynamic linker.
 
 Everything is fetched once per machine into cache_dir(). Each piece is built in a ".partial" folder and
 renamed into place only when complete (a marker file records what and how big), so an interrupted
@@ -25,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -32,19 +27,13 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import numpy as np
-
-from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_write_text
-from hrm_edge.runtime.manifest import Artifact
-from hrm_edge.verify.parity import (check_artifact, check_summary, checked_bundle, host_target, load_bundle, run_artifact,
-                             target_rows, verdict, write_manifest)
+from hrm_edge.errors import UserError
 
 TARGET = "aarch64"
 # A phone-class big core (Armv8.2-A: NEON + dot product, no i8mm/SVE) and QEMU's everything-on model
@@ -77,7 +66,6 @@ NVIDIA_WHEELS = {
                "nvidia-cusparselt-cu13==0.8.1", "nvidia-nccl-cu13==2.32.3", "nvidia-nvshmem-cu13==3.4.5"),
 }
 DONE = ".complete.json"  # written last into a step's folder: the step finished
-RUN_TIMEOUT_S = 3600  # one emulated process (all artifacts on one CPU model)
 
 
 def cache_dir() -> Path:
@@ -89,8 +77,6 @@ def cache_dir() -> Path:
 # ---- small helpers ----
 def _host_version(dist: str) -> str:
     """The host's installed version of a distribution without its local part (2.13.0+cpu -> 2.13.0)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(dist).split("+")[0]
     except PackageNotFoundError:
@@ -136,8 +122,6 @@ def _run(cmd: list, what: str, hint: str, log=None, cwd=None, env=None, timeout:
 @contextlib.contextmanager
 def _locked(path: Path, log):
     """One process fetches at a time (a second one waits, then finds the steps done)."""
-    import fcntl
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         try:
@@ -354,7 +338,7 @@ def ensure_toolchain(need_pte: bool, log=print) -> Toolchain:
             torch_v, et_v, ao_v = _host_version("torch"), _host_version("executorch"), _host_version("torchao")
             if torch_v not in NVIDIA_WHEELS:
                 raise UserError(f"no list of the NVIDIA libraries torch {torch_v}'s aarch64 wheel links; add one to "
-                                "hrm_edge.verify.arm64.NVIDIA_WHEELS (see the wheel's Requires-Dist)")
+                                "hrm_edge.verify.arm64_toolchain.NVIDIA_WHEELS (see the wheel's Requires-Dist)")
             nv = step(root, f"nvidia-for-torch-{torch_v}",
                       lambda t: _pip(t, list(NVIDIA_WHEELS[torch_v]), "the NVIDIA CUDA libraries torch links", log,
                                      no_deps=True), log,
@@ -383,226 +367,6 @@ def ensure_toolchain(need_pte: bool, log=print) -> Toolchain:
 def qemu_cpu_models(tc: Toolchain) -> list[str]:
     out = subprocess.run([str(tc.qemu), "-cpu", "help"], capture_output=True, text=True).stdout
     return [ln.split()[0] for ln in out.splitlines()[1:] if ln.strip()]
-
-
-# ---- running the checks on the target ----
-WORKER = "import sys; from hrm_edge.verify.arm64 import worker_main; sys.exit(worker_main(sys.argv[1]))"
-
-
-@dataclass
-class TargetRun:
-    cpu_model: str
-    results: dict  # artifact path -> parity result (as the host's parity entries, plus "seconds")
-    logits: dict  # artifact path -> logits [N, S, V] the artifact produced on the target
-    info: dict  # what the emulated Python saw: machine, CPU features, runtime versions
-    seconds: float
-
-
-def _copy_package(dest: Path) -> Path:
-    """hrm_edge's .py files into dest/hrm_edge: the emulated Python gets the package, never the host's site-packages
-    (where an installed hrm_edge lives beside x86 numpy)."""
-    src = Path(__file__).resolve().parents[1]
-    for f in src.rglob("*.py"):
-        target = dest / "hrm_edge" / f.relative_to(src)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(f, target)
-    return dest
-
-
-def run_on_target(out_dir: Path, manifest: dict, artifacts: list[Artifact], cpu_model: str, tc: Toolchain, log=print,
-                  timeout: float = RUN_TIMEOUT_S) -> TargetRun:
-    """Check `artifacts` (manifest entries) of out_dir in ONE emulated Python on `cpu_model` (torch, when needed,
-    is imported once per process: ~20-40 s under emulation). An artifact the process did not get to (crash,
-    timeout) fails with the reason; none is left out."""
-    t0 = time.time()
-    with tempfile.TemporaryDirectory(prefix="hrm-aarch64-") as tmp:
-        tmp = Path(tmp)
-        pkg_root = _copy_package(tmp / "src")
-        spec = {"out_dir": str(Path(out_dir).resolve()), "bundle": manifest["parity_bundle"]["path"],
-                "unique_weight_bytes": manifest["unique_weight_bytes"], "tolerances": manifest["tolerances"],
-                "artifacts": [a.to_json() for a in artifacts], "result_dir": str(tmp / "results")}
-        (tmp / "spec.json").write_text(json.dumps(spec))
-        (tmp / "results").mkdir()
-        stderr_path = tmp / "stderr.txt"
-        with open(stderr_path, "w") as err:
-            proc = subprocess.Popen(tc.command(cpu_model, ["-c", WORKER, tmp / "spec.json"]), stdout=subprocess.PIPE,
-                                    stderr=err, text=True, env=tc.env([pkg_root]), cwd=tmp)
-            timer = threading.Timer(timeout, proc.kill)
-            timer.start()
-            try:
-                for line in proc.stdout:
-                    log(f"  [{TARGET} {cpu_model}] {line.rstrip()}")
-                proc.wait()
-            finally:
-                timer.cancel()
-        results_file = tmp / "results" / "results.json"
-        done = json.loads(results_file.read_text()) if results_file.is_file() else {"info": {}, "artifacts": {}}
-        results, logits = {}, {}
-        why = f"exit code {proc.returncode}"
-        if proc.returncode != 0:
-            tail = [ln for ln in stderr_path.read_text(errors="replace").splitlines() if ln.strip()][-3:]
-            why = ("killed after the time limit of %.0f s" % timeout if proc.returncode == -9
-                   else f"exit code {proc.returncode}") + (f": {' | '.join(tail)[:400]}" if tail else "")
-        for art in artifacts:
-            entry = done["artifacts"].get(art.path)
-            if entry is None:
-                results[art.path] = {"passed": False, "reason": f"the emulated process ended ({why}) before "
-                                                                f"checking {art.path}"}
-                continue
-            results[art.path] = entry["result"]
-            if entry.get("logits"):
-                logits[art.path] = np.load(tmp / "results" / entry["logits"])
-        # the bytecode of this run's package copy is of no use to the next run
-        shutil.rmtree(cache_dir() / "pycache" / tmp.relative_to(tmp.anchor), ignore_errors=True)
-    return TargetRun(cpu_model, results, logits, done.get("info", {}), round(time.time() - t0, 1))
-
-
-def _cpu_features() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("Features"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def worker_main(spec_path: str) -> int:
-    """Runs INSIDE the emulated Python: hrm_edge.verify.parity's runtime side on each artifact, results and logits to
-    spec["result_dir"] after every artifact (a crash later keeps what was done). numpy + onnxruntime only;
-    executorch (and torch) only once a .pte comes, and the .pte files come last."""
-    from importlib.metadata import version
-
-    spec = json.loads(Path(spec_path).read_text())
-    out_dir, result_dir = Path(spec["out_dir"]), Path(spec["result_dir"])
-    info = {"machine": platform.machine(), "python": platform.python_version(), "cpu_features": _cpu_features(),
-            "onnxruntime": version("onnxruntime"), "numpy": np.__version__}
-    done = {"info": info, "artifacts": {}}
-    bundle = load_bundle(out_dir / spec["bundle"])
-    arts = sorted(map(Artifact.from_json, spec["artifacts"]), key=lambda a: a.format == "pte")  # stable: ONNX/ORT first
-    print(f"{info['machine']}, Python {info['python']}, onnxruntime {info['onnxruntime']}; {len(arts)} artifact(s)",
-          flush=True)
-    for i, art in enumerate(arts):
-        t0 = time.perf_counter()
-        kept = {}
-        try:
-            result = check_artifact(out_dir, art, bundle, spec["unique_weight_bytes"], spec["tolerances"], logits_out=kept)
-        except Exception as e:  # a failure of one artifact is its result, not the end of the others
-            result = {"passed": False, "reason": f"{art.format} error on {TARGET}: {type(e).__name__}: {str(e)[:300]}"}
-        result["seconds"] = round(time.perf_counter() - t0, 1)
-        entry = {"result": result}
-        if "logits" in kept:
-            entry["logits"] = f"logits-{i}.npy"
-            np.save(result_dir / entry["logits"], kept["logits"])
-        if art.format == "pte" and "executorch" not in info:
-            with contextlib.suppress(Exception):
-                info["executorch"], info["torch"] = version("executorch"), version("torch")
-        done["artifacts"][art.path] = entry
-        atomic_write_text(result_dir / "results.json", json.dumps(done))
-        print(f"{'PASS' if result['passed'] else 'FAIL'} {art.path:<34} {result['seconds']:6.1f} s  {check_summary(result)} "
-              f"{result.get('reason', '')}".rstrip(), flush=True)
-    return 0
-
-
-# ---- the parity gate on the target ----
-def run_target_gate(out_dir: Path, manifest: dict, target: str, cpu_models: list[str], skip: dict | None = None,
-                    recompute_reference: bool = True, log=print) -> bool:
-    """Run every artifact of `manifest` on `target` once per CPU model (one emulated process each) and compare it
-    with the parity bundle exactly as check_artifact does on the host, with the manifest's tolerances; also record
-    how far the target's logits are from this host's logits of the same artifact (x86_vs_arm64_*). Writes
-    art.targets[target][cpu_model] and manifest["targets"][target] (verdict, failures, versions, CPU
-    features); the host's verdict (manifest["passed"]) is left as it is. skip: {format: reason}."""
-    if target != TARGET:
-        raise UserError(f"unknown target {target!r} (known: host, {TARGET})")
-    skip = skip or {}
-    failures, skipped, arts = [], [], []
-    bundle = checked_bundle(out_dir, manifest, recompute_reference, failures)
-    for art in manifest["artifacts"]:
-        art.clear_target(target)  # this run's CPU models replace any earlier entries
-        if art.format in skip:
-            skipped.append({"path": art.path, "reason": skip[art.format]})
-            log(f"  SKIP {art.path:<34} {skip[art.format]}")
-        else:
-            arts.append(art)
-    summary = {"host": host_target(), "cpu_models": {}, "checked_unix": int(time.time())}
-    if bundle is None:
-        for art in arts:
-            for cpu in cpu_models:
-                art.targets[target][cpu] = {"passed": False, "reason": "no valid parity bundle"}
-    elif arts:
-        summary |= _check_on_cpu_models(out_dir, manifest, arts, cpu_models, bundle, log)
-    for art in arts:
-        for cpu, result in art.targets[target].items():
-            if not result["passed"]:
-                failures.append(f"{art.path} on {target} {cpu}: {result['reason']}")
-    summary |= {"passed": not failures, "failures": failures, "skipped": skipped}
-    manifest.setdefault("targets", {})[target] = summary
-    write_manifest(out_dir, manifest)
-    return not failures
-
-
-def _check_on_cpu_models(out_dir: Path, manifest: dict, arts: list[Artifact], cpu_models: list[str], bundle: dict,
-                         log) -> dict:
-    """Each CPU model's emulated run of `arts`, recorded in art.targets[TARGET]; returns the summary's emulator,
-    versions and per-CPU-model entries."""
-    tc = ensure_toolchain(need_pte=any(a.format == "pte" for a in arts), log=log)
-    known = qemu_cpu_models(tc)
-    if set(cpu_models) - set(known):
-        raise UserError(f"qemu-aarch64 {tc.versions['qemu']} has no CPU model {', '.join(sorted(set(cpu_models) - set(known)))}; "
-                        f"it has: {', '.join(known)}")
-    summary = {"emulator": f"QEMU user mode, qemu-aarch64 {tc.versions['qemu']}", "versions": tc.versions,
-               "cpu_models": {}}
-    host_logits = {}  # this host's logits of each artifact, computed once for all CPU models
-    for cpu in cpu_models:
-        log(f"[{TARGET} {cpu}] {len(arts)} artifact(s) in one emulated Python (qemu-aarch64 -cpu {cpu})")
-        run = run_on_target(out_dir, manifest, arts, cpu, tc, log)
-        summary["cpu_models"][cpu] = {"cpu_features": run.info.get("cpu_features", ""), "seconds": run.seconds,
-                                      "runtime": run.info}
-        for art in arts:
-            result = run.results[art.path]
-            if art.path in run.logits:
-                if art.path not in host_logits:
-                    try:
-                        host_logits[art.path] = run_artifact(out_dir / art.path, art, bundle["windows"][:, :-1])
-                    except Exception as e:  # recorded, not fatal: the target check itself is against the bundle
-                        host_logits[art.path] = f"{type(e).__name__}: {str(e)[:200]}"
-                _compare_with_host(result, run.logits[art.path], host_logits[art.path])
-            art.targets[TARGET][cpu] = result
-    return summary
-
-
-def _compare_with_host(result: dict, got: np.ndarray, mine) -> None:
-    """Record how far the target's logits `got` are from this host's (`mine`: logits, or why the host failed)."""
-    if isinstance(mine, np.ndarray) and mine.shape == got.shape:
-        result["x86_vs_arm64_max_abs"] = float(np.abs(got - mine).max())
-        result["x86_vs_arm64_top1_agreement"] = float((got.argmax(-1) == mine.argmax(-1)).mean())
-    else:
-        result["x86_vs_arm64_max_abs"] = None
-        result["x86_error"] = mine if isinstance(mine, str) else f"shape {list(mine.shape)} != {list(got.shape)}"
-
-
-def target_main(a, manifest: dict, target: str, cpus: list[str], skip: dict) -> int:
-    """`python -m hrm_edge.parity DIR --target aarch64`, after hrm_edge.verify.parity.main has parsed and checked the
-    arguments `a`: the gate on each CPU model, a console table, the verdict. Exit code."""
-    print(f"parity check of {a.dir} on {target} (emulated CPU models: {', '.join(cpus)})"
-          f"{' (bundle only)' if a.bundle_only else ''}")
-    t0 = time.time()
-    ok = run_target_gate(a.dir, manifest, target, cpus, skip=skip, recompute_reference=not a.bundle_only)
-    t = manifest["targets"][target]
-    print(f"\n{'artifact':<34} {'CPU model':<11} {'compared with':<24} {'max abs':>9} {'tol':>9} {'top-1':>7} "
-          f"{'x86 vs ' + target:>15} {'s':>6}  result")
-    for row in target_rows(manifest, target):
-        r, c = row["result"], row["check"]
-        x86 = r.get("x86_vs_arm64_max_abs")
-        cells = (f"{'–':<24} {'–':>9} {'–':>9} {'–':>7}" if c is None else
-                 f"{c['reference'].split(' (')[0][:24]:<24} {c['max_abs_logit_error']:9.2e} "
-                 f"{c['tolerance']['max_abs_logit_error']:9.2e} {c['top1_agreement']:7.4f}")
-        if row["first"]:
-            print(f"{row['artifact']:<34} {row['cpu']:<11} {cells} {'–' if x86 is None else f'{x86:.2e}':>15} "
-                  f"{r.get('seconds', 0):6.1f}  {'PASS' if r['passed'] else 'FAIL: ' + r.get('reason', '')[:200]}")
-        else:
-            print(f"{'':<46} {cells}")
-    return verdict(ok, f" on {target} in {time.time() - t0:.0f} s", a.dir, t["skipped"], t["failures"])
 
 
 # ---- CLI: fetch only ----

@@ -1,0 +1,63 @@
+"""Third-party console noise, silenced unless asked for (--verbose).
+
+Loading torch, torchao and ExecuTorch prints lines that say nothing about our run: torchao logs "Failed to load
+... .so" for its CUDA-only kernels, torch logs a pytree deprecation warning while torchao registers its enums,
+and ExecuTorch's C++ runtime writes cpuinfo / threadpool lines straight to file descriptor 2 (no Python logger
+or warnings filter reaches those). quiet_third_party handles the Python-level part for the whole process;
+native_stderr_to catches the C++ part around the import or load that emits it.
+
+    quiet_third_party(verbose)            # once, at the start of a CLI
+    with native_stderr_to(None if verbose else tmp / "native.txt"):
+        decoder = PteDecoder(path)        # an exception inside shows what was caught, then propagates
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+# the loggers and warning sources of the runtimes and exporters we load (their own names and sub-loggers)
+THIRD_PARTY = ("torch", "torchao", "executorch", "onnxruntime", "onnx", "onnxscript")
+
+
+def quiet_third_party(verbose: bool) -> None:
+    """Unless verbose: Python warnings raised in THIRD_PARTY's modules are ignored, and log records below ERROR
+    are dropped. Process-wide (logging.disable), because torch resets its loggers' levels when it is imported,
+    which happens later (with the first .pte), so a level set on the "torch" logger now would not hold."""
+    if verbose:
+        return
+    warnings.filterwarnings("ignore", module=rf"({'|'.join(THIRD_PARTY)})(\.|$)")
+    logging.disable(logging.WARNING)
+
+
+@contextlib.contextmanager
+def native_stderr_to(path: Path | str | None):
+    """File descriptor 2 (what C/C++ code and sys.stderr write) goes to `path` inside the block, and back after it.
+    None: nothing is redirected (verbose). If the block raises, what was caught is written to the real stderr
+    before the exception propagates (a failed load shows the runtime's own lines)."""
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "wb") as caught:
+            os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            _restore(saved)
+            sys.stderr.write(Path(path).read_text(errors="replace"))
+            sys.stderr.flush()
+            raise
+    finally:
+        _restore(saved)
+        os.close(saved)
+
+
+def _restore(saved_fd: int) -> None:
+    sys.stderr.flush()
+    os.dup2(saved_fd, 2)
