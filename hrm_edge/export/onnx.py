@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import logging
 import warnings
@@ -247,8 +248,13 @@ class NewInitializers(list):
         return name
 
 
-def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Path:
-    """Rewrite the fp32 Loop graph at `fp32_path` into a static int8 graph at `path` (see comment above)."""
+def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan, first_step: int = 0) -> Path:
+    """Rewrite the fp32 Loop graph at `fp32_path` into a static int8 graph at `path` (see comment above).
+    first_step: the block application of the Loop's first iteration (a verify graph's: L + 1); the per-step
+    scales are gathered by the Loop's iteration number, so they start there."""
+    if first_step:
+        plan = dataclasses.replace(plan, act_scale={n: s[first_step:] for n, s in plan.act_scale.items()},
+                                   act_zero_point={n: z[first_step:] for n, z in plan.act_zero_point.items()})
     proto = onnx.load(str(fp32_path))
     main = proto.graph
     _, body = loop_and_body(main)

@@ -15,6 +15,8 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
+from hrm_edge.runtime.xnnpack_options import set_weight_cache
+
 
 def ort_session(path: Path, threads: int = 0, profile: bool = False) -> ort.InferenceSession:
     """The one way an onnxruntime session is made: the CPU provider, warnings and below not logged,
@@ -26,9 +28,6 @@ def ort_session(path: Path, threads: int = 0, profile: bool = False) -> ort.Infe
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.enable_profiling = profile
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-from hrm_edge.runtime.xnnpack_options import set_weight_cache
-
 
 class Decoder:
     """prefill(tokens [S]) -> logits [S, V]; decode(token) -> logits [V]. Subclasses implement _run."""
@@ -43,17 +42,6 @@ class Decoder:
 
     def decode(self, token: int) -> np.ndarray:
         return self._run(np.array([token]))[0]
-
-
-def ort_session(path: Path, threads: int = 0):
-    """An onnxruntime CPU session of `path`; threads > 0 pins the intra-op pool to that many threads."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if threads:
-        so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 class OnnxDecoder(Decoder):
