@@ -29,6 +29,7 @@ def ort_session(path: Path, threads: int = 0, profile: bool = False) -> ort.Infe
     so.enable_profiling = profile
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
+
 class Decoder:
     """prefill(tokens [S]) -> logits [S, V]; decode(token) -> logits [V]. Subclasses implement _run."""
 
