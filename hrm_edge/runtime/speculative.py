@@ -32,6 +32,14 @@ import numpy as np
 from hrm_edge.runtime.decoders import Generation, OnnxDecoder, Sampling, ort_session, sampling_probs
 
 DEFAULT_DRAFT_LEN = 4  # k: proposals verified per round (measured: see docs/measurements.md)
+PROGRAMS = ("kv", "draft", "verify")  # the file-name word of each graph: hrm.fp32.kv.onnx, hrm.fp32.draft.onnx, ...
+
+
+def speculative_set(path: str) -> list[str]:
+    """The KV, draft and verify graphs' file names of the set `path` (any of the three) belongs to."""
+    parts = path.split(".")
+    word = next(i for i, p in enumerate(parts) if p in PROGRAMS)
+    return [".".join(parts[:word] + [w] + parts[word + 1:]) for w in PROGRAMS]
 
 
 @dataclass
@@ -83,6 +91,24 @@ def accept_sampled(full: np.ndarray, draft_probs: list[np.ndarray], proposals: l
         out.append(int(rng.choice(len(p), p=residual / total)) if total > 0 else int(rng.choice(len(p), p=p)))
         break
     return out
+
+
+def teacher_forced_logits(decoder, tokens: np.ndarray, prefill_len: int, draft_len: int) -> np.ndarray:
+    """tokens [N, S]: prefill the first prefill_len tokens, then draft the given tokens and verify them in rounds of
+    draft_len + 1 positions; the full model's logits at every position [N, S, V] (what the parity gate compares
+    with the eager model: the verify graph's logits at every verified position, across rounds)."""
+    out = []
+    for row in tokens:
+        decoder.reset()
+        logits = [decoder.prefill(row[:prefill_len])]
+        for start in range(prefill_len, len(row), draft_len + 1):
+            chunk = row[start: start + draft_len + 1]
+            for token in chunk:
+                decoder.draft(int(token))
+            logits.append(decoder.verify())
+            decoder.commit(len(chunk))
+        out.append(np.concatenate(logits, axis=0))
+    return np.stack(out)
 
 
 def draft_round(decoder, token: int, n: int, s: Sampling, rng: np.random.Generator) -> tuple[list, list]:
