@@ -1,7 +1,7 @@
 """The decode benchmark's ratios and the weight-byte accounting of the .pte programs (fast, no export)."""
 import torch
 
-from hrm_edge.measure.bench import add_decode_ratios, render_peer_ratios
+from hrm_edge.measure.bench import add_decode_ratios, lead_rows, render_peer_ratios
 from hrm_edge.config import ModelConfig
 from hrm_edge.model.lm import HRMLM
 from hrm_edge.export.quantize import INT4_GROUP, pte_weight_bytes, weight_bytes
@@ -29,7 +29,7 @@ def test_each_program_is_compared_with_the_peer_of_its_runtime_and_precision_cla
     assert by["hrm.int8-static-perstep.kv.onnx"]["decode_vs_peer"] == 0.5
     assert by["hrm.int8-dynamic.kv.pte"]["decode_vs_baseline"] == 1.2
     assert "decode_vs_peer" not in by["llama.fp32.pte"] and by["eager"]["decode_vs_eager_fp32"] == 1.0
-    table = render_peer_ratios({"decode": {"rows": rows}})
+    table = render_peer_ratios({"decode": {"rows": rows, "lead": lead_rows(rows)}})
     # one line per peer: our fastest program of that class
     assert "| hrm.8da4w.kv.pte |" in table and "| hrm.int8-dynamic.kv.pte |" not in table
     assert "**0.50x**" in table and table.count("\n| ") == 4 + 1
@@ -37,10 +37,10 @@ def test_each_program_is_compared_with_the_peer_of_its_runtime_and_precision_cla
     c1 = row("hrm", "hrm.int8-dynamic.c1.kv.pte", "pte", "int8", 5000.0) | {"full_depth": False}
     rows.append(c1)
     add_decode_ratios(rows)
-    assert "decode_vs_peer" not in c1 and "hrm.int8-dynamic.c1" not in render_peer_ratios({"decode": {"rows": rows}})
+    assert "decode_vs_peer" not in c1 and "hrm.int8-dynamic.c1" not in render_peer_ratios({"decode": {"rows": rows, "lead": lead_rows(rows)}})
     # a program that failed its parity gate (the opt-in 4-bit one) is not shipped: the next fastest leads
     by["hrm.8da4w.kv.pte"]["passed"] = False
-    table = render_peer_ratios({"decode": {"rows": rows}})
+    table = render_peer_ratios({"decode": {"rows": rows, "lead": lead_rows(rows)}})
     assert "| hrm.8da4w.kv.pte |" not in table and "| hrm.int8-dynamic.kv.pte |" in table and "**1.71x**" in table
 
 
@@ -57,3 +57,19 @@ def test_pte_weight_bytes_count_the_tables_second_copy():
         m.weight.shape[0] for m in model.modules() if isinstance(m, torch.nn.Linear))
     int4 = pte_weight_bytes(model, "int4")
     assert int4 < int8 and model.gate_fast.up.in_features % INT4_GROUP  # the gates' up projections stay int8
+
+
+def test_the_lead_reports_speculative_decoding_apart_from_full_depth():
+    rows = [row("hrm", "eager", "eager", "fp32", 100.0),
+            row("hrm", "hrm.fp32.kv.onnx", "onnx", "fp32", 300.0),
+            row("hrm", "hrm.fp32.kv.onnx", "onnx", "fp32", 450.0) | {"mode": "speculative"},
+            row("hrm", "hrm.int8-static-perstep.kv.onnx", "onnx", "int8", 500.0) | {"mode": "speculative",
+                                                                                      "passed": False},
+            row("peer", "llama.fp32.onnx", "onnx", "fp32", 150.0), row("peer", "llama.int8.onnx", "onnx", "int8", 400.0)]
+    add_decode_ratios(rows)
+    lead = lead_rows(rows)
+    assert [(x["runtime"], x["precision"], x["mode"], x["ratio"]) for x in lead] == [
+        ("onnxruntime", "fp32", "full", 2.0), ("onnxruntime", "fp32", "speculative", 3.0)]  # the failing one: none
+    assert set(lead[0]) >= {"runtime", "precision", "mode", "ours", "ours_tokens_per_s", "peer", "peer_tokens_per_s",
+                            "ratio"}
+    assert "| speculative | hrm.fp32.kv.onnx |" in render_peer_ratios({"decode": {"rows": rows, "lead": lead}})

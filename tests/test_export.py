@@ -309,5 +309,6 @@ def test_artifact_names():
     assert artifact_name("hrm", "int8-dynamic", "pte", "kv_cache", n_cycles=1) == "hrm.int8-dynamic.c1.kv.pte"
     assert artifact_name("transformer", "fp32", "pte", "kv_cache") == "transformer.fp32.kv.pte"
     assert ort_name("out/hrm.fp32.kv.onnx") == "hrm.fp32.kv.ort"
+    assert artifact_name("hrm", "int8-static-perstep", "onnx", "verify") == "hrm.int8-static-perstep.verify.onnx"
     with pytest.raises(ValueError):
         artifact_name("hrm", "fp32", "tflite")

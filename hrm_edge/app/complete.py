@@ -12,6 +12,7 @@ and the program, or config.json and model.safetensors) are checked against the m
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ from hrm_edge.errors import UserError, first_line, run_cli
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, Sampling, generate
+from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, generate_speculative
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
 from hrm_edge.train.tokenizer import eos_id, load_tokenizer
 
@@ -39,9 +41,25 @@ def pick_artifact(manifest: dict, runtime: str, precision: str) -> Artifact:
     return candidates[0]
 
 
-def files_to_load(manifest: dict, runtime: str, precision: str) -> list[str]:
+def speculative_graphs(manifest: dict, kv: Artifact) -> list[str]:
+    """The draft and verify graphs that go with the KV graph kv (self-speculative decoding), gate passed."""
+    found = []
+    for program in ("draft", "verify"):
+        art = next((a for a in manifest["artifacts"] if a.program == program and a.format == kv.format
+                    and a.path.split(".")[1] == kv.path.split(".")[1]), None)
+        if art is None:
+            raise UserError(f"--speculative: no {program} graph for {kv.path} in this export; re-run python -m "
+                            "hrm_edge.export")
+        if not next(iter((art.parity or {}).values()), {}).get("passed"):
+            raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
+        found.append(art.path)
+    return found
+
+
+def files_to_load(manifest: dict, runtime: str, precision: str, speculative: bool = False) -> list[str]:
     """What `runtime` loads from the export folder, as the manifest names it: the tokenizer, then the KV-cache
-    program (or, for eager, the checkpoint's config and weights). User errors for what the export lacks."""
+    program (or, for eager, the checkpoint's config and weights), then with speculative its draft and verify
+    graphs. User errors for what the export lacks."""
     if "tokenizer" not in manifest:
         raise UserError("the manifest names no tokenizer; re-run python -m hrm_edge.export")
     if runtime == "eager":
@@ -51,28 +69,33 @@ def files_to_load(manifest: dict, runtime: str, precision: str) -> list[str]:
         if not {"config", "weights"} <= set(ckpt):
             raise UserError("the manifest names no checkpoint (config, weights); re-run python -m hrm_edge.export")
         return [manifest["tokenizer"]["path"], ckpt["config"], ckpt["weights"]]
+    if speculative and runtime == "executorch":
+        raise UserError("--speculative runs with --runtime onnx or eager (the ExecuTorch programs have no draft and "
+                        "verify methods yet)")
     art = pick_artifact(manifest, runtime, precision)
     if not next(iter((art.parity or {}).values()), {}).get("passed"):
         raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
-    return [manifest["tokenizer"]["path"], art.path]
+    return [manifest["tokenizer"]["path"], art.path] + (speculative_graphs(manifest, art) if speculative else [])
 
 
-def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int):
+def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, speculative: bool = False):
     """The decoder of the verified files (files_to_load's order: tokenizer first)."""
     if runtime == "eager":
-        from hrm_edge.model.eager import EagerDecoder  # torch: only for --runtime eager
+        from hrm_edge.model.eager import EagerDecoder, EagerSpeculativeDecoder  # torch: only for --runtime eager
 
-        return EagerDecoder(load_model(out_dir), threads)
+        return (EagerSpeculativeDecoder if speculative else EagerDecoder)(load_model(out_dir), threads)
+    if speculative:
+        return OnnxSpeculativeDecoder(*files[1:4], threads)
     cls = PteDecoder if runtime == "executorch" else OnnxDecoder
     return cls(files[1], threads)
 
 
-def load_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, verbose: bool):
+def load_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, verbose: bool, speculative: bool):
     """make_decoder, with what the runtimes write to stderr while they load (ExecuTorch's C++ cpuinfo and threadpool
     lines, torch's log lines) kept out of the completion unless verbose or the load fails."""
     with tempfile.TemporaryDirectory(prefix="hrm-complete-") as tmp:
         with native_stderr_to(None if verbose else Path(tmp) / "stderr.txt"):
-            return make_decoder(out_dir, runtime, files, threads)
+            return make_decoder(out_dir, runtime, files, threads, speculative)
 
 
 def read_prompt(arg: str | None) -> str:
@@ -117,7 +140,7 @@ class TextStream:
             self.printed = text
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hrm_edge.complete", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt", nargs="?", help="the text to complete (default: read from stdin)")
@@ -136,9 +159,18 @@ def main(argv=None) -> int:
     p.add_argument("--no-verify", action="store_true",
                    help="load the files without checking them against the manifest's sha256 (for artifacts edited on "
                         "purpose; they are still refused if they are missing or lie outside the folder)")
+    p.add_argument("--speculative", action="store_true",
+                   help="self-speculative decoding: the first outer cycle drafts, the full depth verifies (the same "
+                        "text as without it when greedy; the full model's distribution when sampling); onnx, eager")
+    p.add_argument("--draft-len", type=int, default=DEFAULT_DRAFT_LEN,
+                   help=f"--speculative: tokens drafted per verification (default {DEFAULT_DRAFT_LEN})")
     p.add_argument("--verbose", action="store_true",
                    help="show the runtimes' own warnings and log lines (torch, torchao, ExecuTorch's C++ runtime)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     quiet_third_party(a.verbose)
     if a.max_new_tokens < 1 or not 0 <= a.threads <= MAX_THREADS or a.seed < 0:
         raise UserError(f"--max-new-tokens must be >= 1, --threads in 0..{MAX_THREADS}, --seed >= 0")
@@ -148,7 +180,10 @@ def main(argv=None) -> int:
     prompt = read_prompt(a.prompt)
     manifest = read_manifest(a.artifacts)
     t_verify = time.perf_counter()
-    files = verify_files(a.artifacts, manifest, files_to_load(manifest, a.runtime, a.precision), a.no_verify)
+    if not 1 <= a.draft_len <= 16:
+        raise UserError("--draft-len must be in 1..16")
+    files = verify_files(a.artifacts, manifest, files_to_load(manifest, a.runtime, a.precision, a.speculative),
+                         a.no_verify)
     verify_ms = 1000 * (time.perf_counter() - t_verify)
     tok = load_tokenizer(files[0])
     ids = tok.encode(prompt, add_special_tokens=False).ids
@@ -161,7 +196,7 @@ def main(argv=None) -> int:
             raise UserError(f"the prompt is {len(ids)} tokens, the context holds {context}; shorten it or pass --truncate")
         ids = ids[-room:]
     try:
-        decoder = load_decoder(a.artifacts, a.runtime, files, a.threads, a.verbose)
+        decoder = load_decoder(a.artifacts, a.runtime, files, a.threads, a.verbose, a.speculative)
     except UserError:
         raise
     except Exception as e:  # a runtime that cannot load a file (edited and run with --no-verify): one line
@@ -173,11 +208,13 @@ def main(argv=None) -> int:
 
     write(prompt)
     stream = TextStream(tok, write)
-    g = generate(decoder, ids, a.max_new_tokens, Sampling(a.temperature, a.top_k, a.top_p, a.seed),
-                 eos_id=eos_id(tok), on_token=stream.add)
+    run = functools.partial(generate_speculative, draft_len=a.draft_len) if a.speculative else generate
+    g = run(decoder, ids, a.max_new_tokens, Sampling(a.temperature, a.top_k, a.top_p, a.seed), eos_id=eos_id(tok),
+            on_token=stream.add)
     stream.finish()
     write("\n")
-    name = files[-1].name
+    name = files[1].name if len(files) > 1 and a.runtime != "eager" else files[-1].name
+    name += f", speculative k={a.draft_len}, {g.acceptance:.0%} of drafts kept" if a.speculative else ""
     stop = "EOS" if g.stopped_at_eos else "max length"
     print(f"[{a.runtime} {name}, {a.threads} thread(s)] prefill {len(ids)} tokens at {g.prefill_tokens_per_s:.0f} "
           f"tokens/s, decode {len(g.tokens)} tokens at {g.decode_tokens_per_s:.0f} tokens/s (stopped at {stop}); "

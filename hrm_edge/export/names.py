@@ -4,6 +4,7 @@
     hrm.int8-static-perstep.kv.onnx    KV-cache (prefill + decode) int8 graph, per-step activation scales
     hrm.int8-dynamic.c1.kv.pte         KV-cache int8 ExecuTorch program run with 1 of the H outer cycles
     hrm.fp32.kv.ort                    onnxruntime's ORT format of hrm.fp32.kv.onnx
+    hrm.fp32.draft.onnx                self-speculative decoding's draft graph (hrm.fp32.verify.onnx: its verify graph)
     transformer.int8-dynamic.kv.pte    the unshared baseline (arch "transformer") built the same way
 
 ARCH is the model's arch ("hrm", "transformer") or a study entry's name. Every reader takes a file's format,
@@ -14,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 EXTENSIONS = {"onnx": "onnx", "ort": "ort", "pte": "pte"}
-PROGRAMS = ("full_sequence", "kv_cache")
+PROGRAMS = {"full_sequence": [], "kv_cache": ["kv"], "draft": ["draft"], "verify": ["verify"]}  # the name's word
 
 
 def artifact_name(arch: str, precision: str, fmt: str, program: str = "full_sequence",
@@ -24,7 +25,7 @@ def artifact_name(arch: str, precision: str, fmt: str, program: str = "full_sequ
         raise ValueError(f"unknown format {fmt!r} or program {program!r}")
     parts = [arch, precision]
     parts += [f"c{n_cycles}"] if n_cycles else []
-    parts += ["kv"] if program == "kv_cache" else []
+    parts += PROGRAMS[program]
     return ".".join(parts + [EXTENSIONS[fmt]])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import logging
 import os
@@ -24,10 +25,10 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from hrm_edge.io import atomic_write_bytes, atomic_write_text
-from hrm_edge.model.lm import HRMLM, FunctionalDecodeForm, RMSNorm, TracedForm, cache_steps
 from hrm_edge.export.names import ort_name
 from hrm_edge.export.onnx_passes import hoist_loop_invariants, loop_and_body, merge_split_concat, names_read, weights_into_body
+from hrm_edge.io import atomic_write_bytes, atomic_write_text
+from hrm_edge.model.lm import HRMLM, DraftForm, FunctionalDecodeForm, RMSNorm, TracedForm, VerifyForm, cache_steps
 
 
 def strip_debug_metadata(graph: onnx.GraphProto) -> None:
@@ -149,6 +150,36 @@ def export_onnx_decode(model: HRMLM, path: Path, n_cycles: int | None = None) ->
                    ["logits", "present_k", "present_v"], path, needs_loop=cfg.arch == "hrm")
 
 
+def _decode_example(cfg, n_slots: int) -> tuple:
+    """Tracing inputs of a KV graph and its dynamic dims: tokens [2, 4], past [n_slots, 2, H, 3, hd] (P = 3 while
+    tracing; any 0 <= P < L at run time)."""
+    past = torch.zeros(n_slots, 2, cfg.n_heads, 3, cfg.head_dim)
+    batch = torch.export.Dim("batch", max=1024)
+    seq, past_len = torch.export.Dim("seq", max=cfg.max_seq_len), torch.export.Dim("past", max=cfg.max_seq_len - 1)
+    return (torch.zeros(2, 4, dtype=torch.int64), past, past.clone()), (batch, seq, past_len)
+
+
+def export_onnx_draft(model: HRMLM, path: Path) -> Path:
+    """Self-speculative decoding's draft graph (DraftForm): the KV graph's contract over the first outer cycle's
+    L + 1 cache slots, plus the cycle-1 state [2, B, S, D] that the verify graph continues from."""
+    cfg = model.cfg
+    example, (batch, seq, past_len) = _decode_example(cfg, cfg.L_cycles + 1)
+    dynamic = ({0: batch, 1: seq}, {1: batch, 3: past_len}, {1: batch, 3: past_len})
+    return _export(DraftForm(for_onnx(model)), example, dynamic, ["tokens", "past_k", "past_v"],
+                   ["logits", "state", "present_k", "present_v"], path, needs_loop=True)
+
+
+def export_onnx_verify(model: HRMLM, path: Path) -> Path:
+    """Self-speculative decoding's verify graph (VerifyForm): (tokens, state, past_k, past_v) over the last
+    T - L - 1 cache slots -> the full depth's logits at every drafted position and the presents."""
+    cfg = model.cfg
+    (tokens, past, _), (batch, seq, past_len) = _decode_example(cfg, cfg.n_steps - cfg.L_cycles - 1)
+    state = torch.zeros(2, 2, 4, cfg.d_model)  # [2, B, S, D]
+    dynamic = ({0: batch, 1: seq}, {1: batch, 2: seq}, {1: batch, 3: past_len}, {1: batch, 3: past_len})
+    return _export(VerifyForm(for_onnx(model)), (tokens, state, past, past.clone()), dynamic,
+                   ["tokens", "state", "past_k", "past_v"], ["logits", "present_k", "present_v"], path, needs_loop=True)
+
+
 # ---- static int8 with the Loop kept ----
 # onnxruntime's static quantizer does not look inside Loop bodies, and inside a body ORT does not fuse
 # QDQ patterns (measured: slower than fp32, or a session error). So the body gets explicit integer ops:
@@ -220,8 +251,13 @@ class NewInitializers(list):
         return name
 
 
-def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan) -> Path:
-    """Rewrite the fp32 Loop graph at `fp32_path` into a static int8 graph at `path` (see comment above)."""
+def quantize_static_int8(fp32_path: Path, path: Path, model: HRMLM, plan, first_step: int = 0) -> Path:
+    """Rewrite the fp32 Loop graph at `fp32_path` into a static int8 graph at `path` (see comment above).
+    first_step: the block application of the Loop's first iteration (a verify graph's: L + 1); the per-step
+    scales are gathered by the Loop's iteration number, so they start there."""
+    if first_step:
+        plan = dataclasses.replace(plan, act_scale={n: s[first_step:] for n, s in plan.act_scale.items()},
+                                   act_zero_point={n: z[first_step:] for n, z in plan.act_zero_point.items()})
     proto = onnx.load(str(fp32_path))
     main = proto.graph
     _, body = loop_and_body(main)

@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,11 +36,12 @@ from hrm_edge.errors import UserError
 from hrm_edge.export.names import artifact_name
 from hrm_edge.io import atomic_write_text
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
-                                      lower_kv_pte, run_child)
+                                      lower_kv_pte, run_child, text_prompts)
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.measure.peers import PeerShape, build_peers, require_peer_extra
 from hrm_edge.model.checkpoint import save_model
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
+from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN as DRAFT_LEN
 from hrm_edge.runtime.xnnpack_options import child_flags, weight_cache_enabled
 from hrm_edge.verify.parity import host_target, load_bundle, perplexity, run_onnx
 
@@ -101,19 +103,47 @@ class DecodeJob:
     precision: str  # "fp32" | "int8" | "int4" (for peers: "8da4w" counts as int4)
     full_depth: bool = True  # False: a depth-dial program (fewer outer cycles), never compared with a peer
     passed: bool = True  # our artifact's parity verdict on this host: only a passing one leads the peer table
+    mode: str = "full"  # "full" or "speculative" (exact: the first cycle drafts, the full depth verifies)
+    draft: str = ""  # speculative ONNX: the draft and verify graphs beside `name`
+    verify: str = ""
 
     def measure(self, t: DecodeTiming, verbose: bool = False) -> dict:
         kind = "peer-decode" if self.model == "peer" else "decode"
-        return decode_in_child(kind, self.folder, self.name, t, verbose)
+        extra = () if self.mode == "full" else ("--draft-len", DRAFT_LEN, "--draft", self.draft, "--verify", self.verify)
+        return decode_in_child(kind, self.folder, self.name, t, verbose, tuple(map(str, extra)))
+
+    @property
+    def label(self) -> str:
+        return self.name + (" (speculative)" if self.mode == "speculative" else "")
+
+
+def passed_here(a: Artifact) -> bool:
+    return (a.parity or {}).get(host_target(), {}).get("passed", False)
+
+
+def speculative_jobs(out_dir: Path, manifest: dict) -> list[DecodeJob]:
+    """Self-speculative decoding of the eager model, and of each full-depth ONNX KV graph that has a draft and a
+    verify graph of its precision; it passes where all three passed."""
+    arts = manifest["artifacts"]
+    jobs = [DecodeJob(manifest["model"]["arch"], out_dir, "eager", "eager", "fp32", mode="speculative")]
+    for kv in [a for a in arts if a.program == "kv_cache" and a.format == "onnx" and a.cycles is None]:
+        pair = [next((a for a in arts if a.program == p and a.format == "onnx" and a.precision == kv.precision
+                      and a.path.split(".")[1] == kv.path.split(".")[1]), None) for p in ("draft", "verify")]
+        if all(pair):
+            jobs.append(DecodeJob(kv.path.split(".")[0], out_dir, kv.path, kv.format, kv.precision, mode="speculative",
+                                  passed=all(passed_here(a) for a in (kv, *pair)), draft=pair[0].path,
+                                  verify=pair[1].path))
+    return jobs
 
 
 def decode_jobs(out_dir: Path, manifest: dict, baseline: bool, peers: bool, log=print) -> list[DecodeJob]:
-    """Eager fp32, every KV-cache artifact, then the unshared baseline's and the peers' programs."""
+    """Eager fp32, every KV-cache artifact, the speculative modes, then the unshared baseline's and the peers'
+    programs."""
     arch = manifest["model"]["arch"]
     jobs = [DecodeJob(arch, out_dir, "eager", "eager", "fp32")] + [
-        DecodeJob(arch, out_dir, a.path, a.format, a.precision, a.cycles is None,
-                  passed=(a.parity or {}).get(host_target(), {}).get("passed", False))
+        DecodeJob(arch, out_dir, a.path, a.format, a.precision, a.cycles is None, passed=passed_here(a))
         for a in manifest["artifacts"] if a.program == "kv_cache"]
+    jobs += speculative_jobs(out_dir, manifest) if arch == "hrm" else []
     if baseline:
         base = export_baseline(out_dir, manifest, log)
         jobs += [DecodeJob("baseline", base, "eager", "eager", "fp32")] + [
@@ -132,20 +162,24 @@ def run_decode_bench(out_dir: Path, timing: DecodeTiming, baseline: bool, peers:
     manifest = read_manifest(out_dir)
     jobs = decode_jobs(out_dir, manifest, baseline, peers, log)
     measured: list[list[dict]] = [[] for _ in jobs]
-    for r in range(timing.rounds):
-        for job, runs in zip(jobs, measured):
-            runs.append(job.measure(timing, verbose))
-            log(f"  round {r + 1}/{timing.rounds} {job.model:<9} {job.name:<30} decode {runs[-1]['decode_tokens_per_s']:7.0f} tok/s")
+    with tempfile.TemporaryDirectory(prefix="hrm-bench-") as tmp:
+        timing = dataclasses.replace(timing, prompts=text_prompts(out_dir, timing.prompt_len, Path(tmp) / "p.npy"))
+        for r in range(timing.rounds):
+            for job, runs in zip(jobs, measured):
+                runs.append(job.measure(timing, verbose))
+                log(f"  round {r + 1}/{timing.rounds} {job.model:<9} {job.label:<44} "
+                    f"decode {runs[-1]['decode_tokens_per_s']:7.0f} tok/s")
     rows = []
     for job, runs in zip(jobs, measured):
         row = sorted(runs, key=lambda m: m["decode_tokens_per_s"])[len(runs) // 2]
-        rows.append(row | {"model": job.model, "format": job.format, "precision": job.precision,
+        rows.append(row | {"model": job.model, "format": job.format, "precision": job.precision, "mode": job.mode,
                            "full_depth": job.full_depth, "passed": job.passed, "rounds": timing.rounds,
                            "decode_tokens_per_s_rounds": [m["decode_tokens_per_s"] for m in runs],
                            "bytes": (job.folder / job.name).stat().st_size if job.name != "eager" else None})
     add_decode_ratios(rows)
     return {"prompt_len": timing.prompt_len, "new_tokens": timing.new_tokens, "rounds": timing.rounds,
-            "weight_cache": timing.weight_cache, "rows": rows}
+            "weight_cache": timing.weight_cache, "prompts": "text", "draft_len": DRAFT_LEN, "rows": rows,
+            "lead": lead_rows(rows)}
 
 
 def add_decode_ratios(rows: list[dict]) -> None:
@@ -166,7 +200,7 @@ def add_decode_ratios(rows: list[dict]) -> None:
         row["decode_vs_eager_fp32"] = row["decode_tokens_per_s"] / eager
         if row["model"] in ("baseline", "peer"):
             continue
-        twin = twins.get(kind(row["artifact"]))
+        twin = twins.get(kind(row["artifact"])) if row.get("mode", "full") == "full" else None
         if twin:
             row["decode_vs_baseline"] = row["decode_tokens_per_s"] / twin["decode_tokens_per_s"]
         peer = peers.get((runtime(row["format"]), row["precision"] == "fp32"))
@@ -265,7 +299,8 @@ def weight_cache_words(on: bool) -> str:
 
 def render_decode_table(result: dict) -> str:
     d = result["decode"]
-    lines = [f"Generation with a KV cache, batch 1, {d['prompt_len']}-token prompt then {d['new_tokens']} greedy tokens, "
+    lines = [f"Generation with a KV cache, batch 1, {d['prompt_len']}-token prompts cut from the validation text then "
+             f"{d['new_tokens']} greedy tokens, "
              f"{result['threads']} thread(s), {result['target']}; each program in a fresh process, median of "
              f"{max(1, result['repeats'] // 3)} generations, the median of {d['rounds']} interleaved round(s); "
              f"{weight_cache_words(d.get('weight_cache', False))}.{cpu_words(result)}", "",
@@ -276,33 +311,45 @@ def render_decode_table(result: dict) -> str:
         b = f"{r['bytes']:,}" if r.get("bytes") else "–"
         vb = f"{r['decode_vs_baseline']:.2f}x" if "decode_vs_baseline" in r else "–"
         vp = f"{r['decode_vs_peer']:.2f}x ({r['peer']})" if "decode_vs_peer" in r else "–"
-        lines.append(f"| {r['model']} | {r['artifact']} | {b} | {r['load_s']:.2f} | {r['ttft_ms']:.1f} | "
+        program = r["artifact"] + (f" speculative k={r['draft_len']}, {r['acceptance']:.0%} kept"
+                                   if r.get("mode") == "speculative" else "")
+        lines.append(f"| {r['model']} | {program} | {b} | {r['load_s']:.2f} | {r['ttft_ms']:.1f} | "
                      f"{r['prefill_tokens_per_s']:.0f} | {r['decode_tokens_per_s']:.0f} | {r['decode_vs_eager_fp32']:.2f}x | "
                      f"{vb} | {vp} | {r['peak_rss_mb']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
-def render_peer_ratios(result: dict) -> str:
-    """The lead table: our fastest program per runtime and precision class against the peer of that class, among
-    the programs that passed their parity gate (what an export ships; a failing opt-in program is not a choice)."""
+def lead_rows(rows: list[dict]) -> list[dict]:
+    """Per runtime, precision class and mode ("full"; "speculative": exact, the full model's tokens), our fastest
+    program that passed its parity gate (what an export ships) against the peer of that runtime and class."""
     best: dict = {}
-    for r in result["decode"]["rows"]:
+    for r in rows:
         if "decode_vs_peer" in r and r.get("passed", True):
-            key = (r["peer"], r["precision"] == "fp32")
+            key = (r["peer"], r["precision"] == "fp32", r.get("mode", "full"))
             if key not in best or r["decode_tokens_per_s"] > best[key]["decode_tokens_per_s"]:
                 best[key] = r
-    if not best:
+    peers = {r["artifact"]: r for r in rows if r["model"] == "peer"}
+    return [{"runtime": "executorch" if peers[peer]["format"] == "pte" else "onnxruntime",
+             "precision": "fp32" if fp32 else "int8", "mode": mode, "ours": r["artifact"],
+             "ours_tokens_per_s": r["decode_tokens_per_s"], "peer": peer,
+             "peer_tokens_per_s": peers[peer]["decode_tokens_per_s"], "ratio": r["decode_vs_peer"],
+             "ours_bytes": r["bytes"], "peer_bytes": peers[peer]["bytes"]}
+            for (peer, fp32, mode), r in sorted(best.items(), key=lambda kv: (kv[0][2] != "full", kv[0][:2]))]
+
+
+def render_peer_ratios(result: dict) -> str:
+    """The lead table (lead_rows): exact modes only so far, full depth apart from self-speculative decoding."""
+    lead = result["decode"].get("lead", [])
+    if not lead:
         return ""
-    peers = {r["artifact"]: r for r in result["decode"]["rows"] if r["model"] == "peer"}
-    lines = ["Decode against what each runtime's own tooling makes at the same shape (random weights)."
-             + cpu_words(result), "",
-             "| runtime | ours (fastest of its class) | bytes | decode tok/s | peer | bytes | decode tok/s | ours / peer |",
-             "|---|---|---:|---:|---|---:|---:|---:|"]
-    for (peer_name, _), r in sorted(best.items()):
-        p = peers[peer_name]
-        lines.append(f"| {'ExecuTorch' if p['format'] == 'pte' else 'onnxruntime'} | {r['artifact']} | {r['bytes']:,} | "
-                     f"{r['decode_tokens_per_s']:.0f} | {peer_name} | {p['bytes']:,} | {p['decode_tokens_per_s']:.0f} | "
-                     f"**{r['decode_vs_peer']:.2f}x** |")
+    lines = ["Decode against what each runtime's own tooling makes at the same shape (random weights), on prompts "
+             "cut from the validation text." + cpu_words(result), "",
+             "| runtime | class | mode | ours (fastest passing) | bytes | decode tok/s | peer | bytes | decode tok/s "
+             "| ours / peer |", "|---|---|---|---|---:|---:|---|---:|---:|---:|"]
+    for x in lead:
+        lines.append(f"| {x['runtime']} | {x['precision']} | {x['mode']} | {x['ours']} | {x['ours_bytes']:,} | "
+                     f"{x['ours_tokens_per_s']:.0f} | {x['peer']} | {x['peer_bytes']:,} | {x['peer_tokens_per_s']:.0f} | "
+                     f"**{x['ratio']:.2f}x** |")
     return "\n".join(lines) + "\n"
 
 

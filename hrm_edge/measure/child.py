@@ -4,6 +4,8 @@ starts it; bench, peers and study read the line).
     python -m hrm_edge.measure.child decode DIR ARTIFACT --threads 1 --prompt-len 64 --new-tokens 64 --repeats 3
     python -m hrm_edge.measure.child peer-decode DIR llama.8da4w.pte --threads 1 ...
     python -m hrm_edge.measure.child forward DIR ARTIFACT --threads 1 --seq-len 128 --repeats 10
+    python -m hrm_edge.measure.child decode DIR hrm.fp32.kv.onnx --draft hrm.fp32.draft.onnx \
+        --verify hrm.fp32.verify.onnx --draft-len 4 ...       # self-speculative (eager: --draft-len alone)
 
 decode: a KV-cache program of ours (DIR/ARTIFACT, .onnx, .ort or .pte), or ARTIFACT "eager": the eager model
 of the checkpoint or export folder DIR with its KV cache; peer-decode: a built peer (hrm_edge.measure.peers);
@@ -13,6 +15,7 @@ against the manifest here: the parent checked them before starting any child.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 from pathlib import Path
@@ -23,7 +26,8 @@ from hrm_edge.errors import UserError, run_cli
 from hrm_edge.measure.harness import DecodeTiming, measure_decode, measure_forward
 from hrm_edge.measure.peers import peer_decoder
 from hrm_edge.model.checkpoint import load_model
-from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, ort_session
+from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, generate, ort_session
+from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, generate_speculative
 from hrm_edge.runtime.manifest import read_manifest
 from hrm_edge.runtime.xnnpack_options import set_weight_cache
 
@@ -41,6 +45,17 @@ def import_before_the_clock(kind: str, artifact: str) -> None:
     names += KV_PTE_IMPORTS if artifact.endswith(".pte") and kind != "forward" else ()
     for name in names:
         importlib.import_module(name)
+
+
+def open_speculative_decoder(folder: Path, artifact: str, draft: str, verify: str, threads: int):
+    """Self-speculative decoding: the eager model's, or the KV graph with its draft and verify graphs."""
+    if artifact == "eager":
+        from hrm_edge.model.eager import EagerSpeculativeDecoder  # torch: only the eager child loads it
+
+        return EagerSpeculativeDecoder(load_model(folder), threads)
+    if not (draft and verify):
+        raise UserError("a speculative ONNX timing needs --draft and --verify")
+    return OnnxSpeculativeDecoder(folder / artifact, folder / draft, folder / verify, threads)
 
 
 def open_decoder(kind: str, folder: Path, artifact: str, t: DecodeTiming):
@@ -109,6 +124,10 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128, help="forward: tokens per call")
     p.add_argument("--no-weight-cache", action="store_true", help="XNNPACK's weight cache off for .pte programs")
+    p.add_argument("--prompts", default="", help="decode: .npy [n, prompt-len] of real-text prompts (default: random)")
+    p.add_argument("--draft-len", type=int, default=0, help="decode: self-speculative with this many drafts a round")
+    p.add_argument("--draft", default="", help="decode, speculative ONNX: the draft graph's file name in DIR")
+    p.add_argument("--verify", default="", help="decode, speculative ONNX: the verify graph's file name in DIR")
     a = p.parse_args(argv)
     import_before_the_clock(a.kind, a.artifact)
     if a.kind == "forward":
@@ -117,8 +136,14 @@ def main(argv=None) -> int:
         load = forward_loader(a.dir, a.artifact, a.threads, tokens, not a.no_weight_cache)
         row = measure_forward(load, a.artifact, a.threads, a.seq_len, a.repeats)
     else:
-        t = DecodeTiming(a.threads, a.prompt_len, a.new_tokens, a.repeats, weight_cache=not a.no_weight_cache)
-        row = measure_decode(lambda: open_decoder(a.kind, a.dir, a.artifact, t), a.artifact, t)
+        t = DecodeTiming(a.threads, a.prompt_len, a.new_tokens, a.repeats, weight_cache=not a.no_weight_cache,
+                         prompts=a.prompts)
+        if a.draft_len:
+            row = measure_decode(lambda: open_speculative_decoder(a.dir, a.artifact, a.draft, a.verify, a.threads),
+                                 a.artifact, t, functools.partial(generate_speculative, draft_len=a.draft_len))
+            row["draft_len"] = a.draft_len
+        else:
+            row = measure_decode(lambda: open_decoder(a.kind, a.dir, a.artifact, t), a.artifact, t, generate)
     print(json.dumps(row))
     return 0
 

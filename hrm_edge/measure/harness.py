@@ -23,8 +23,11 @@ from typing import Callable
 
 import numpy as np
 
+from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_write_text, sha256_file
 from hrm_edge.runtime.decoders import Decoder, generate
+from hrm_edge.runtime.manifest import BUNDLE
+from hrm_edge.verify.parity import load_bundle
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding hrm_edge/, for the children's PYTHONPATH
 CHILD_MODULE = "hrm_edge.measure.child"
@@ -151,33 +154,56 @@ class DecodeTiming:
     repeats: int
     rounds: int = 1
     weight_cache: bool = True
+    prompts: str = ""  # .npy [n, prompt_len] of real text (text_prompts); "": random ids (a shape-only timing)
 
     def child_args(self) -> list[str]:
         return ["--prompt-len", str(self.prompt_len), "--new-tokens", str(self.new_tokens), "--repeats",
-                str(self.repeats), *([] if self.weight_cache else ["--no-weight-cache"])]
+                str(self.repeats), *([] if self.weight_cache else ["--no-weight-cache"]),
+                *(["--prompts", self.prompts] if self.prompts else [])]
 
 
-def decode_in_child(kind: str, folder: Path, artifact: str, t: DecodeTiming, verbose: bool = False) -> dict:
+def text_prompts(export_dir: Path, prompt_len: int, path: Path) -> str:
+    """Prompts cut from the export's validation windows (its parity bundle: held-out code, tokenized) into
+    path, [n, prompt_len] int64: the speed of self-speculative decoding depends on the text, so every program,
+    the peers' too (same vocabulary size), is timed on the same real prompts. Returns str(path)."""
+    windows = load_bundle(export_dir / BUNDLE)["windows"]  # [N, S + 1]
+    if windows.shape[1] < prompt_len:
+        raise UserError(f"the parity bundle's windows hold {windows.shape[1]} tokens; --prompt-len {prompt_len} "
+                        "does not fit")
+    np.save(path, np.ascontiguousarray(windows[:, :prompt_len], dtype=np.int64))
+    return str(path)
+
+
+def decode_in_child(kind: str, folder: Path, artifact: str, t: DecodeTiming, verbose: bool = False,
+                    extra: tuple = ()) -> dict:
     """One decode measurement (measure_decode) of folder/artifact in a fresh child. kind: "decode" (ours, or
-    artifact "eager": the eager model of folder) or "peer-decode" (hrm_edge.measure.peers' programs)."""
-    return run_child([kind, folder, artifact, *t.child_args()], t.threads, verbose)
+    artifact "eager": the eager model of folder) or "peer-decode" (hrm_edge.measure.peers' programs); extra: the
+    child's speculative flags (--draft-len, --draft, --verify)."""
+    return run_child([kind, folder, artifact, *t.child_args(), *extra], t.threads, verbose)
 
 
-def measure_decode(open_decoder: Callable[[], Decoder], artifact: str, t: DecodeTiming) -> dict:
+def measure_decode(open_decoder: Callable[[], Decoder], artifact: str, t: DecodeTiming,
+                   generate_fn: Callable = generate) -> dict:
     """Load time includes a one-token prefill (lazy initialisation: weight packing), then `repeats` runs of a
-    prompt_len random prompt + new_tokens greedy tokens; medians. The caller has done the imports."""
+    prompt_len prompt (t.prompts' rows in turn, else random ids) + new_tokens greedy tokens; medians. The caller
+    has done the imports. generate_fn: generate, or a speculative decoder's generate_speculative."""
     t0 = time.perf_counter()
     decoder = open_decoder()
     vocab = decoder.prefill(np.zeros(1, dtype=np.int64)).shape[-1]
     load_s = time.perf_counter() - t0
-    prompt = np.random.default_rng(0).integers(0, vocab, size=t.prompt_len).tolist()
-    runs = [generate(decoder, prompt, t.new_tokens) for _ in range(t.repeats)]
+    prompts = (np.load(t.prompts)[:, : t.prompt_len] if t.prompts
+               else np.random.default_rng(0).integers(0, vocab, size=(1, t.prompt_len)))
+    runs = [generate_fn(decoder, prompts[i % len(prompts)].tolist(), t.new_tokens) for i in range(t.repeats)]
     prefill_s = statistics.median(g.prefill_s for g in runs)
     decode = statistics.median(g.decode_tokens_per_s for g in runs)
-    return {"artifact": artifact, "threads": t.threads, "prompt_len": t.prompt_len, "new_tokens": t.new_tokens,
-            "weight_cache": t.weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3,
-            "prefill_tokens_per_s": t.prompt_len / prefill_s, "decode_tokens_per_s": decode,
-            "peak_rss_mb": peak_rss_mb()}
+    row = {"artifact": artifact, "threads": t.threads, "prompt_len": t.prompt_len, "new_tokens": t.new_tokens,
+           "weight_cache": t.weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3,
+           "prefill_tokens_per_s": t.prompt_len / prefill_s, "decode_tokens_per_s": decode,
+           "peak_rss_mb": peak_rss_mb(), "prompts": "text" if t.prompts else "random"}
+    if hasattr(runs[0], "acceptance"):  # speculative: how often the first cycle's draft was kept
+        row |= {"acceptance": statistics.median(g.acceptance for g in runs),
+                "tokens_per_round": statistics.median(g.tokens_per_round for g in runs)}
+    return row
 
 
 def measure_forward(load: Callable[[], Callable[[], object]], artifact: str, threads: int, seq_len: int,

@@ -29,3 +29,39 @@ class EagerDecoder:
 
     def decode(self, token: int) -> np.ndarray:  # -> [V]
         return self.prefill(np.array([token]))[0]
+
+
+class EagerSpeculativeDecoder(EagerDecoder):
+    """EagerDecoder plus draft / verify / commit (hrm_edge.runtime.speculative) over the same KV cache: a draft
+    runs the first outer cycle (applications 0..L, their cache slots) on one token; verify runs applications
+    L + 1 .. T - 1 on every pending position at once, from the drafts' cycle-1 states (their cache slots)."""
+
+    def __init__(self, model, threads: int = 0):
+        super().__init__(model, threads)
+        per_cycle = model.cfg.L_cycles + 1
+        self.first_cycle, self.rest = range(per_cycle), range(per_cycle, model.cfg.n_steps)
+        self.pending: list[tuple[int, tuple]] = []  # (token, (z_fast, z_slow) [1, 1, D] each) per drafted position
+
+    def reset(self):
+        super().reset()
+        self.pending = []
+
+    def draft(self, token: int) -> np.ndarray:  # -> cycle-1 logits [V]
+        model, cache = self.form.model, self.form.cache
+        with torch.no_grad():
+            inp = model.step_inputs(torch.tensor([[token]]), cache, torch.tensor([self.pos + len(self.pending)]))
+            states = model.run_steps(inp, model.initial_states(inp), self.first_cycle)
+            self.pending.append((token, states))
+            return model.readout(model.final_state(*states))[0, -1].numpy()
+
+    def verify(self) -> np.ndarray:  # -> full logits [n, V] at the pending positions
+        model, cache = self.form.model, self.form.cache
+        tokens = torch.tensor([[token for token, _ in self.pending]])  # [1, n]
+        states = tuple(torch.cat([s[i] for _, s in self.pending], dim=1) for i in range(2))  # [1, n, D] each
+        with torch.no_grad():
+            inp = model.step_inputs(tokens, cache, torch.tensor([self.pos]))
+            return model.readout(model.final_state(*model.run_steps(inp, states, self.rest)))[0].numpy()
+
+    def commit(self, n: int) -> None:
+        self.pos += n
+        self.pending = []

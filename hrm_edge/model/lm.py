@@ -182,9 +182,10 @@ class StackedKVCache(NoCache):
     rows, not the whole cache) and appended once after the loop (present). Nothing rewrites the past:
     rewriting a stacked cache inside every Loop iteration was what made decode slow."""
 
-    def __init__(self, past_k, past_v, new_k=None, new_v=None, new_len: int | None = None):
+    def __init__(self, past_k, past_v, new_k=None, new_v=None, new_len: int | None = None, first_step: int = 0):
         T, B, H, _, hd = past_k.shape
         self.past_k, self.past_v = past_k, past_v
+        self.first_step = first_step  # the block application that slot 0 holds (a verify graph's: L + 1)
         self.new_k = past_k.new_zeros((T, B, H, new_len, hd)) if new_k is None else new_k
         self.new_v = past_v.new_zeros((T, B, H, new_len, hd)) if new_v is None else new_v
 
@@ -200,6 +201,7 @@ class StackedKVCache(NoCache):
         # by index_select / index_copy: t is the ONNX Loop counter (t[i] fails export with a
         # data-dependent-integer error)
         t1 = t if torch.is_tensor(t) else torch.tensor([t], device=k.device)
+        t1 = t1 - self.first_step if self.first_step else t1  # application -> slot
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
         self.new_k = self.new_k.index_copy(0, t1, k.unsqueeze(0))
         self.new_v = self.new_v.index_copy(0, t1, v.unsqueeze(0))
@@ -226,7 +228,7 @@ class StackedKVCache(NoCache):
         return self.new_k, self.new_v
 
     def with_carried(self, carried) -> "StackedKVCache":
-        return StackedKVCache(self.past_k, self.past_v, *carried)
+        return StackedKVCache(self.past_k, self.past_v, *carried, first_step=self.first_step)
 
     def present(self):
         """(k, v) [T, B, H, P + S, hd]: the past with this call's keys/values appended."""
@@ -416,10 +418,7 @@ class HRMLM(nn.Module):
         cache: None (full sequence), a KVCache (in place; input_pos [1] is the position of tokens[:, 0]) or
         a StackedKVCache (functional; read its present() after the call). The recurrent states are per
         position, so a cached call computes only the new tokens' states."""
-        cache = NoCache() if cache is None else cache
-        positions = cache.positions(tokens.shape[1], input_pos, tokens.device)  # [S]
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)  # [S, 1, hd]
-        inp = StepInputs(self.embed(tokens), cos, sin, cache.mask(positions), positions, cache)
+        inp = self.step_inputs(tokens, NoCache() if cache is None else cache, input_pos)
         if self.cfg.arch == "transformer":
             states = [self.run_layers(inp)]
         else:
@@ -429,7 +428,8 @@ class HRMLM(nn.Module):
             if form == "loop":
                 states = self.run_loop(inp, H, aux)
             elif form == "while_loop":
-                states = [self.run_while_loop(inp, H)]
+                z = self.run_while_loop(inp, range(H * (self.cfg.L_cycles + 1)), torch.stack(self.initial_states(inp)))
+                states = [self.final_state(z[0], z[1])]
             else:
                 raise ValueError(f"unknown iteration form {form!r}")
         logits = [self.readout(z) for z in states]
@@ -446,23 +446,37 @@ class HRMLM(nn.Module):
         B, S, _ = inp.x.shape
         return self.z_fast_init.expand(B, S, -1), self.z_slow_init.expand(B, S, -1)  # [B, S, D] each
 
+    def step_inputs(self, tokens, cache: NoCache, input_pos=None) -> StepInputs:
+        """What every block application of a call on tokens [B, S] reads (the cache decides the positions)."""
+        positions = cache.positions(tokens.shape[1], input_pos, tokens.device)  # [S]
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta)  # [S, 1, hd]
+        return StepInputs(self.embed(tokens), cos, sin, cache.mask(positions), positions, cache)
+
     def run_loop(self, inp: StepInputs, H: int, aux: bool) -> list:
         """H outer cycles as a Python loop (training, the eager reference; torch.export unrolls it).
         Returns the output state after every outer cycle (aux) or after the last one."""
         z_fast, z_slow = self.initial_states(inp)
         per_cycle = self.cfg.L_cycles + 1
         states = []
-        for t in range(H * per_cycle):
-            z_fast, z_slow = self.hrm_step(t, z_fast, z_slow, inp)
-            if aux and (t + 1) % per_cycle == 0:
+        for h in range(H):
+            z_fast, z_slow = self.run_steps(inp, (z_fast, z_slow), range(h * per_cycle, (h + 1) * per_cycle))
+            if aux:
                 states.append(self.final_state(z_fast, z_slow))
         return states if aux else [self.final_state(z_fast, z_slow)]
 
-    def run_while_loop(self, inp: StepInputs, H: int):
-        """H outer cycles as torch's while_loop: torch.onnx.export makes it ONE ONNX Loop whose body holds the
-        block once. The two levels travel as one stacked state [2, B, S, D] (stacked_step); a functional
-        cache's collected keys/values ride along as loop-carried values."""
-        n_steps = H * (self.cfg.L_cycles + 1)
+    def run_steps(self, inp: StepInputs, states: tuple, steps: range) -> tuple:
+        """Block applications `steps` (Python ints) from states (z_fast, z_slow) [B, S, D] each: a slice of the
+        static loop. Self-speculative decoding runs the first outer cycle as the draft and the rest as the
+        verification, continuing from the draft's own cycle-1 states."""
+        z_fast, z_slow = states
+        for t in steps:
+            z_fast, z_slow = self.hrm_step(t, z_fast, z_slow, inp)
+        return z_fast, z_slow
+
+    def run_while_loop(self, inp: StepInputs, steps: range, z):
+        """Block applications `steps` from the stacked state z [2, B, S, D] (fast, slow) as torch's while_loop:
+        torch.onnx.export makes it ONE ONNX Loop whose body holds the block once (stacked_step); a functional
+        cache's collected keys/values ride along as loop-carried values. Returns the final stacked state."""
         carried = inp.cache.carried() if isinstance(inp.cache, StackedKVCache) else ()
 
         def body(t, z, *carried):
@@ -470,13 +484,13 @@ class HRMLM(nn.Module):
             z = self.stacked_step(t, z, replace(inp, cache=cache))
             return (t + 1, z, *(cache.carried() if carried else ()))
 
-        t0 = torch.zeros((), dtype=torch.int64, device=inp.x.device)
+        t0 = torch.full((), steps.start, dtype=torch.int64, device=inp.x.device)
         # carries must not alias the tensors they start from (parameters, graph inputs): clone them
-        start = (t0, torch.stack(self.initial_states(inp)), *(c.clone() for c in carried))
-        out = while_loop(lambda t, *_: t < n_steps, body, start)
+        start = (t0, z.clone(), *(c.clone() for c in carried))
+        out = while_loop(lambda t, *_: t < steps.stop, body, start)
         if carried:
             inp.cache.new_k, inp.cache.new_v = out[2], out[3]
-        return self.final_state(out[1][0], out[1][1])
+        return out[1]  # [2, B, S, D]
 
     def loss(self, tokens, targets, n_cycles: int | None = None):
         """Mean next-token cross entropy of the final readout, plus aux_loss_weight x the earlier ones.
@@ -547,6 +561,39 @@ class FunctionalDecodeForm(nn.Module):
         cache = StackedKVCache(past_k, past_v, new_len=tokens.shape[1])
         logits = self.model(tokens, form=self.form, n_cycles=self.n_cycles, cache=cache)
         return (logits, *cache.present())
+
+
+class DraftForm(nn.Module):
+    """(tokens [B, S], past_k, past_v [L + 1, B, H, P, hd]) -> (logits [B, S, V] of the first outer cycle's readout,
+    state [2, B, S, D] after it (fast, slow), present_k, present_v [L + 1, B, H, P + S, hd]): the draft of
+    self-speculative decoding (hrm_edge.runtime.speculative); its caches are the full model's first L + 1."""
+
+    def __init__(self, model: HRMLM):
+        super().__init__()
+        self.model, self.steps = model, range(model.cfg.L_cycles + 1)
+
+    def forward(self, tokens, past_k, past_v):
+        m = self.model
+        cache = StackedKVCache(past_k, past_v, new_len=tokens.shape[1])
+        inp = m.step_inputs(tokens, cache)
+        z = m.run_while_loop(inp, self.steps, torch.stack(m.initial_states(inp)))
+        return (m.readout(m.final_state(z[0], z[1])), z, *cache.present())
+
+
+class VerifyForm(nn.Module):
+    """(tokens [B, S], state [2, B, S, D] from DraftForm, past_k, past_v [T - L - 1, B, H, P, hd]) -> (logits
+    [B, S, V] of the full depth, present_k, present_v [T - L - 1, B, H, P + S, hd]): block applications
+    L + 1 .. T - 1 continuing from the drafts' cycle-1 states, all drafted positions in one call."""
+
+    def __init__(self, model: HRMLM):
+        super().__init__()
+        self.model, self.steps = model, range(model.cfg.L_cycles + 1, model.cfg.n_steps)
+
+    def forward(self, tokens, state, past_k, past_v):
+        m = self.model
+        cache = StackedKVCache(past_k, past_v, new_len=tokens.shape[1], first_step=self.steps.start)
+        z = m.run_while_loop(m.step_inputs(tokens, cache), self.steps, state)
+        return (m.readout(m.final_state(z[0], z[1])), *cache.present())
 
 
 class TracedForm(nn.Module):

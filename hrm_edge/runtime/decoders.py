@@ -129,6 +129,12 @@ class Sampling:
 def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
     if s.temperature <= 0:
         return int(np.argmax(logits))
+    p = sampling_probs(logits, s)
+    return int(rng.choice(len(p), p=p))
+
+
+def sampling_probs(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """logits [V] -> the distribution [V] (float64) that sample() draws from at temperature > 0."""
     z = logits.astype(np.float64) / s.temperature
     if s.top_k and s.top_k < len(z):
         kth = np.partition(z, -s.top_k)[-s.top_k]
@@ -142,7 +148,7 @@ def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
         mask[order[keep]] = True
         p = np.where(mask, p, 0.0)
         p /= p.sum()
-    return int(rng.choice(len(p), p=p))
+    return p
 
 
 @dataclass

@@ -1,0 +1,212 @@
+"""Self-speculative decoding: the model's first outer cycle drafts, the full depth verifies, the output is the
+full model's (token for token when greedy; the full model's distribution when sampling).
+
+HRM-LM applies one block T = H * (L + 1) times. Its first outer cycle (applications 0..L) already ends in a
+readout that training supervises (the auxiliary loss), and on the model's own continuations that readout's
+argmax equals the full depth's most of the time. One round, starting at position p with the next input token x:
+
+    draft   k + 1 calls of the first cycle alone, one position each (p .. p + k): x, then each call's own
+            proposal; every call writes the caches of applications 0..L and keeps its cycle-1 states
+    verify  ONE call of applications L + 1 .. T - 1 over those k + 1 positions, continuing from the kept
+            cycle-1 states: the full model's logits at p .. p + k (the first L + 1 applications are not redone:
+            their keys, values and states are exactly what the full model computes for those inputs)
+    accept  the full model's token at each position while the draft's proposal agrees; the first disagreement
+            (or the bonus token after the last position) ends the round: between 1 and k + 1 new tokens
+
+Positions after a disagreement were computed from a wrong input; they are dropped (commit) and rewritten by
+the next round before anything attends to them. A decoder that supports this has, besides reset() and
+prefill(tokens [S]) -> full logits [S, V]:
+    draft(token) -> the first cycle's logits [V] at the next pending position
+    verify() -> the full model's logits [n, V] at the n positions drafted since the last commit
+    commit(n)   keeps the first n pending positions and drops the rest
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from hrm_edge.runtime.decoders import Generation, OnnxDecoder, Sampling, ort_session, sampling_probs
+
+DEFAULT_DRAFT_LEN = 4  # k: proposals verified per round (measured: see docs/measurements.md)
+PROGRAMS = ("kv", "draft", "verify")  # the file-name word of each graph: hrm.fp32.kv.onnx, hrm.fp32.draft.onnx, ...
+
+
+def speculative_set(path: str) -> list[str]:
+    """The KV, draft and verify graphs' file names of the set `path` (any of the three) belongs to."""
+    parts = path.split(".")
+    word = next(i for i, p in enumerate(parts) if p in PROGRAMS)
+    return [".".join(parts[:word] + [w] + parts[word + 1:]) for w in PROGRAMS]
+
+
+@dataclass
+class SpeculativeGeneration(Generation):
+    draft_len: int = 0
+    rounds: int = 0
+    proposed: int = 0  # draft tokens offered to verification
+    accepted: int = 0  # of those, the ones the full model kept
+    round_tokens: list = field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return float(np.mean(self.round_tokens)) if self.round_tokens else 0.0
+
+
+def accept_greedy(full: np.ndarray, proposals: list[int]) -> list[int]:
+    """full [n, V] logits at the drafted positions, proposals [n - 1]: the input drafted after each position.
+    Returns the full model's tokens, up to and including its first disagreement with a proposal."""
+    out = []
+    for i, logits in enumerate(full):
+        token = int(np.argmax(logits))
+        out.append(token)
+        if i == len(proposals) or token != proposals[i]:
+            break
+    return out
+
+
+def accept_sampled(full: np.ndarray, draft_probs: list[np.ndarray], proposals: list[int], s: Sampling,
+                   rng: np.random.Generator) -> list[int]:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): proposal d drawn from q is kept with
+    probability min(1, p(d) / q(d)); on rejection the token is drawn from max(0, p - q), renormalised. The
+    kept tokens are distributed as the full model's own samples. draft_probs[i] is q at position i."""
+    out = []
+    for i, logits in enumerate(full):
+        p = sampling_probs(logits, s)
+        if i == len(proposals):
+            out.append(int(rng.choice(len(p), p=p)))
+            break
+        d, q = proposals[i], draft_probs[i]
+        if rng.random() < min(1.0, p[d] / q[d]):
+            out.append(d)
+            continue
+        residual = np.maximum(p - q, 0.0)
+        total = residual.sum()
+        out.append(int(rng.choice(len(p), p=residual / total)) if total > 0 else int(rng.choice(len(p), p=p)))
+        break
+    return out
+
+
+def teacher_forced_logits(decoder, tokens: np.ndarray, prefill_len: int, draft_len: int) -> np.ndarray:
+    """tokens [N, S]: prefill the first prefill_len tokens, then draft the given tokens and verify them in rounds of
+    draft_len + 1 positions; the full model's logits at every position [N, S, V] (what the parity gate compares
+    with the eager model: the verify graph's logits at every verified position, across rounds)."""
+    out = []
+    for row in tokens:
+        decoder.reset()
+        logits = [decoder.prefill(row[:prefill_len])]
+        for start in range(prefill_len, len(row), draft_len + 1):
+            chunk = row[start: start + draft_len + 1]
+            for token in chunk:
+                decoder.draft(int(token))
+            logits.append(decoder.verify())
+            decoder.commit(len(chunk))
+        out.append(np.concatenate(logits, axis=0))
+    return np.stack(out)
+
+
+def draft_round(decoder, token: int, n: int, s: Sampling, rng: np.random.Generator) -> tuple[list, list]:
+    """n draft calls from `token`: (proposals [n - 1] — the inputs of positions 2..n —, q of each position)."""
+    proposals, probs = [], []
+    for i in range(n):
+        logits = decoder.draft(token)
+        if i == n - 1:
+            break  # the last position's proposal would only be verified by the next round
+        if s.temperature <= 0:
+            token = int(np.argmax(logits))
+        else:
+            q = sampling_probs(logits, s)
+            token = int(rng.choice(len(q), p=q))
+            probs.append(q)
+        proposals.append(token)
+    return proposals, probs
+
+
+def generate_speculative(decoder, prompt: list[int], max_new_tokens: int, sampling: Sampling = Sampling(),
+                         eos_id: int | None = None, on_token: Callable[[int], None] | None = None,
+                         draft_len: int = DEFAULT_DRAFT_LEN) -> SpeculativeGeneration:
+    """hrm_edge.runtime.decoders.generate's contract, drafted by the first cycle and verified by the full depth."""
+    rng = np.random.default_rng(sampling.seed)
+    g = SpeculativeGeneration(prompt_len=len(prompt), draft_len=draft_len)
+    decoder.reset()
+    t = time.perf_counter()
+    logits = decoder.prefill(np.asarray(prompt, dtype=np.int64))[-1]
+    g.prefill_s = time.perf_counter() - t
+    t = time.perf_counter()
+    budget = min(max_new_tokens, decoder.max_seq_len - len(prompt))
+    new = [int(np.argmax(logits))] if sampling.temperature <= 0 else [int(rng.choice(
+        len(logits), p=sampling_probs(logits, sampling)))]
+    while True:
+        for token in new[: budget - len(g.tokens)]:
+            g.tokens.append(token)
+            if on_token:
+                on_token(token)
+            if eos_id is not None and token == eos_id:
+                g.stopped_at_eos = True
+                break
+        if g.stopped_at_eos or len(g.tokens) >= budget:
+            break
+        # positions left in the context: the round drafts at most that many (its last input is g.tokens[-1])
+        n = min(draft_len + 1, budget - len(g.tokens))
+        proposals, probs = draft_round(decoder, g.tokens[-1], n, sampling, rng)
+        full = decoder.verify()  # [n, V]
+        new = (accept_greedy(full, proposals) if sampling.temperature <= 0
+               else accept_sampled(full, probs, proposals, sampling, rng))
+        decoder.commit(len(new))
+        g.rounds += 1
+        g.proposed += len(proposals)
+        g.accepted += len(new) - 1
+        g.round_tokens.append(len(new))
+    g.decode_s = time.perf_counter() - t
+    return g
+
+
+class OnnxSpeculativeDecoder(OnnxDecoder):
+    """The KV graph for prefill, plus the draft graph (first outer cycle) and the verify graph (the rest) of
+    hrm_edge.export.onnx. The cache is kept in two halves: slots 0..L, which the drafts extend one position at a
+    time, and slots L + 1 .. T - 1, which verification extends by every drafted position at once; commit cuts both
+    back to the kept positions (past/present graphs: the caller owns the arrays)."""
+
+    def __init__(self, kv_path: Path, draft_path: Path, verify_path: Path, threads: int = 0):
+        super().__init__(kv_path, threads)
+        self.draft_session = ort_session(draft_path, threads)
+        self.verify_session = ort_session(verify_path, threads)
+        self.split = next(i.shape[0] for i in self.draft_session.get_inputs() if i.name == "past_k")  # L + 1
+
+    def reset(self):
+        super().reset()
+        self.first = self.rest = (self.k, self.v)  # [L + 1 | T - L - 1, 1, H, P, hd] each, once prefilled
+        self.pending_tokens, self.pending_states = [], []
+
+    def prefill(self, tokens: np.ndarray) -> np.ndarray:
+        logits = super().prefill(tokens)
+        self.first = (self.k[: self.split], self.v[: self.split])
+        self.rest = (self.k[self.split:], self.v[self.split:])
+        return logits
+
+    def draft(self, token: int) -> np.ndarray:  # -> cycle-1 logits [V]
+        logits, state, k, v = self.draft_session.run(None, {
+            "tokens": np.array([[token]], dtype=np.int64), "past_k": self.first[0], "past_v": self.first[1]})
+        self.first = (k, v)
+        self.pending_tokens.append(token)
+        self.pending_states.append(state)  # [2, 1, 1, D]
+        return logits[0, -1]
+
+    def verify(self) -> np.ndarray:  # -> full logits [n, V]
+        logits, k, v = self.verify_session.run(None, {
+            "tokens": np.array([self.pending_tokens], dtype=np.int64),
+            "state": np.concatenate(self.pending_states, axis=2), "past_k": self.rest[0], "past_v": self.rest[1]})
+        self.rest = (k, v)
+        return logits[0]
+
+    def commit(self, n: int) -> None:
+        self.pos += n
+        self.first = tuple(np.ascontiguousarray(c[:, :, :, : self.pos]) for c in self.first)
+        self.rest = tuple(np.ascontiguousarray(c[:, :, :, : self.pos]) for c in self.rest)
+        self.pending_tokens, self.pending_states = [], []
