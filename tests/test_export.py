@@ -279,6 +279,28 @@ def test_kv_cache_programs_decode_like_the_full_model(tiny_export):
     assert [o.name for o in onnx_kv.graph.output] == ["logits", "present_k", "present_v"]
 
 
+def test_speculative_graphs_pass_as_a_set(tiny_export):
+    """The draft and verify graphs (fp32, and int8 with the per-step plan) each pass the gate as self-speculative
+    decoding with their KV graph: logits at every verified position vs the eager references, and the greedy
+    continuation; fp32 reproduces the eager model's greedy tokens exactly."""
+    m = load_manifest(tiny_export)
+    spec = [a for a in m["artifacts"] if a["program"] in ("draft", "verify")]
+    assert sorted(a["path"] for a in spec) == sorted(f"hrm.{p}.{g}.onnx" for p in ("fp32", "int8-static-perstep")
+                                                     for g in ("draft", "verify"))
+    for a in spec:
+        r = next(iter(a["parity"].values()))
+        assert r["passed"] is True and r["greedy_decode"]["new_tokens"] == 64
+        if a["precision"] == "fp32":
+            assert r["greedy_decode"]["identical_to_eager_fp32"] is True
+            assert r["checks"][0]["max_abs_logit_error"] < 1e-4 * r["checks"][0]["logit_range"]
+    draft = onnx.load(str(tiny_export / "hrm.fp32.draft.onnx"))
+    verify = onnx.load(str(tiny_export / "hrm.fp32.verify.onnx"))
+    assert [o.name for o in draft.graph.output] == ["logits", "state", "present_k", "present_v"]
+    assert [i.name for i in verify.graph.input] == ["tokens", "state", "past_k", "past_v"]
+    for g in (draft, verify):
+        assert [n.op_type for n in g.graph.node].count("Loop") == 1
+
+
 BLOCK_TORCH = """
 import sys
 sys.modules['torch'] = None  # any 'import torch' now raises ImportError: proves the path never imports it

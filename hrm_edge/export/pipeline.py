@@ -35,7 +35,8 @@ from hrm_edge.errors import UserError
 from hrm_edge.export.calibrate import activation_ranges, make_calibration_set, save_calibration_set
 from hrm_edge.export.executorch import export_pte, export_pte_decode, quantized_for_pte
 from hrm_edge.export.names import artifact_name
-from hrm_edge.export.onnx import export_onnx, export_onnx_decode, export_ort, mobile_usability, quantize_static_int8
+from hrm_edge.export.onnx import (export_onnx, export_onnx_decode, export_onnx_draft, export_onnx_verify, export_ort,
+                                  mobile_usability, quantize_static_int8)
 from hrm_edge.export.quantize import (all_linear_int8_names, dynamic_int4_quantization, dynamic_quantization,
                                       int8_weight_bytes, parse_linear_names, pt2e_quantization, pte_weight_bytes,
                                       static_int8_names, static_int8_pt2e_model, static_int8_reference,
@@ -219,6 +220,7 @@ def export_stages(out: Path, staging: Path, options: ExportOptions, log=print) -
         int8, calibration = export_int8(staging, prepared, parity, onnx_fp32, options, log)
         dial, depth_dial = export_depth_dial(staging, prepared, parity, options, log)
         exported = with_ort(staging, onnx_fp32 + int8 + dial, options, log)
+        exported += export_speculative_onnx(staging, prepared, parity, calibration, onnx_fp32 + int8, log)
         exported += wait_for_pte_programs()
     greedy = eager_greedy(prepared, parity, exported, options.cycles)
     write_bundle(staging / BUNDLE, parity.windows, parity.reference, exported.references, greedy)
@@ -393,6 +395,35 @@ def export_static_int8_onnx(staging: Path, prepared: Prepared, parity: ParitySet
             path = quantize_static_int8(staging / fp32_kv, staging / artifact_name(arch, precision, "onnx", "kv_cache"),
                                         model, plan)
             written += wrote(path, "onnx", "int8", "kv_cache", "onnx_loop", prefill_len=parity.prefill_len, **int8)
+    return written
+
+
+def export_speculative_onnx(staging: Path, prepared: Prepared, parity: ParitySet, calibration: Calibration | None,
+                            made: Made, log) -> Made:
+    """Self-speculative decoding's draft and verify graphs (hrm_edge.runtime.speculative) beside each full-depth
+    KV graph in `made` they serve: fp32, and int8 with the static per-step KV graph's own plan (the verify graph's
+    Loop starts at block application L + 1, so its per-step scales do too)."""
+    cfg, model = prepared.cfg, prepared.model
+    if cfg.arch != "hrm" or cfg.H_cycles < 2 or not made.has(artifact_name("hrm", "fp32", "onnx", "kv_cache")):
+        return Made()
+    t = _stage("self-speculative decoding: draft (first outer cycle) and verify (the rest) ONNX graphs", log)
+    written = Made()
+    for program, export in (("draft", export_onnx_draft), ("verify", export_onnx_verify)):
+        path = export(model, staging / artifact_name("hrm", "fp32", "onnx", program))
+        written += wrote(path, "onnx", "fp32", program, "onnx_loop", prefill_len=parity.prefill_len)
+    int8_kv = next((a for a in made.artifacts if a.path == artifact_name("hrm", "int8-static-perstep", "onnx",
+                                                                          "kv_cache")), None)
+    if calibration is not None and int8_kv is not None:
+        plan = static_plan(model, calibration.ranges, per_step=True,
+                           fp32_linears=parse_linear_names(prepared.quant_cfg.static_fp32_linears))
+        for program, first_step in (("draft", 0), ("verify", cfg.L_cycles + 1)):
+            path = quantize_static_int8(staging / artifact_name("hrm", "fp32", "onnx", program),
+                                        staging / artifact_name("hrm", "int8-static-perstep", "onnx", program),
+                                        model, plan, first_step)
+            written += wrote(path, "onnx", "int8", program, "onnx_loop", prefill_len=parity.prefill_len,
+                             reference=int8_kv.reference, weight_bytes=int8_kv.weight_bytes,
+                             quantization=int8_kv.quantization)
+    log(f"[export] wrote {len(written.artifacts)} ONNX graphs in {time.perf_counter() - t:.0f} s")
     return written
 
 

@@ -169,25 +169,36 @@ class Generation:
         steps = max(len(self.tokens) - 1, 0)
         return steps / self.decode_s if self.decode_s else 0.0
 
+    def add(self, token: int, eos_id: int | None, on_token: Callable[[int], None] | None) -> bool:
+        """Append a new token (and stream it); True when it is EOS, which ends the generation."""
+        self.tokens.append(token)
+        if on_token:
+            on_token(token)
+        self.stopped_at_eos = eos_id is not None and token == eos_id
+        return self.stopped_at_eos
+
+
+def prefill_prompt(decoder, prompt: list[int], g: Generation) -> tuple[np.ndarray, int]:
+    """A new sequence: the prompt's prefill, timed into g. Returns the last position's logits [V] and the new
+    tokens the context leaves room for."""
+    decoder.reset()
+    t = time.perf_counter()
+    logits = decoder.prefill(np.asarray(prompt, dtype=np.int64))[-1]
+    g.prefill_s = time.perf_counter() - t
+    return logits, decoder.max_seq_len - len(prompt)
+
 
 def generate(decoder, prompt: list[int], max_new_tokens: int, sampling: Sampling = Sampling(),
              eos_id: int | None = None, on_token: Callable[[int], None] | None = None) -> Generation:
     """Prefill the prompt, then sample up to max_new_tokens (stopping at EOS or the context length)."""
     rng = np.random.default_rng(sampling.seed)
     g = Generation(prompt_len=len(prompt))
-    decoder.reset()
+    logits, room = prefill_prompt(decoder, prompt, g)
     t = time.perf_counter()
-    logits = decoder.prefill(np.asarray(prompt, dtype=np.int64))[-1]
-    g.prefill_s = time.perf_counter() - t
-    t = time.perf_counter()
-    budget = min(max_new_tokens, decoder.max_seq_len - len(prompt))
+    budget = min(max_new_tokens, room)
     for i in range(budget):
         token = sample(logits, sampling, rng)
-        g.tokens.append(token)
-        if on_token:
-            on_token(token)
-        if eos_id is not None and token == eos_id:
-            g.stopped_at_eos = True
+        if g.add(token, eos_id, on_token):
             break
         if i + 1 < budget:
             logits = decoder.decode(token)

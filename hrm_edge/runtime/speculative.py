@@ -29,7 +29,8 @@ from typing import Callable
 
 import numpy as np
 
-from hrm_edge.runtime.decoders import Generation, OnnxDecoder, Sampling, ort_session, sampling_probs
+from hrm_edge.runtime.decoders import (Generation, OnnxDecoder, Sampling, ort_session, prefill_prompt, sample,
+                                       sampling_probs)
 
 DEFAULT_DRAFT_LEN = 4  # k: proposals verified per round (measured: see docs/measurements.md)
 PROGRAMS = ("kv", "draft", "verify")  # the file-name word of each graph: hrm.fp32.kv.onnx, hrm.fp32.draft.onnx, ...
@@ -134,21 +135,13 @@ def generate_speculative(decoder, prompt: list[int], max_new_tokens: int, sampli
     """hrm_edge.runtime.decoders.generate's contract, drafted by the first cycle and verified by the full depth."""
     rng = np.random.default_rng(sampling.seed)
     g = SpeculativeGeneration(prompt_len=len(prompt), draft_len=draft_len)
-    decoder.reset()
+    logits, room = prefill_prompt(decoder, prompt, g)
     t = time.perf_counter()
-    logits = decoder.prefill(np.asarray(prompt, dtype=np.int64))[-1]
-    g.prefill_s = time.perf_counter() - t
-    t = time.perf_counter()
-    budget = min(max_new_tokens, decoder.max_seq_len - len(prompt))
-    new = [int(np.argmax(logits))] if sampling.temperature <= 0 else [int(rng.choice(
-        len(logits), p=sampling_probs(logits, sampling)))]
+    budget = min(max_new_tokens, room)
+    new = [sample(logits, sampling, rng)]
     while True:
         for token in new[: budget - len(g.tokens)]:
-            g.tokens.append(token)
-            if on_token:
-                on_token(token)
-            if eos_id is not None and token == eos_id:
-                g.stopped_at_eos = True
+            if g.add(token, eos_id, on_token):
                 break
         if g.stopped_at_eos or len(g.tokens) >= budget:
             break
