@@ -242,11 +242,10 @@ def ort_dynamic_baseline(out_dir: Path, manifest: dict, log=print) -> dict | Non
 def _full_sequence_programs(manifest: dict, baseline: dict | None) -> list[tuple]:
     """What the full-sequence table times: (path, format, precision, quantization record, row fields known without
     timing it) for the eager model, every full-sequence artifact and onnxruntime's own int8 route (`baseline`)."""
-    fp32_bytes = {a.format: a.bytes for a in manifest["artifacts"] if a.precision == "fp32"}
+    full = [a for a in manifest["artifacts"] if a.program == "full_sequence"]  # the others: the decode benchmark's
+    fp32_bytes = {a.format: a.bytes for a in full if a.precision == "fp32"}
     programs = [("eager", "eager", "fp32", {}, {})]
-    for art in manifest["artifacts"]:
-        if art.program == "kv_cache":
-            continue  # measured by the decode benchmark
+    for art in full:
         known = {"bytes": art.bytes,
                  "bytes_vs_fp32": art.bytes / fp32_bytes[art.format] if art.format in fp32_bytes else None}
         checks = next(iter((art.parity or {}).values()), {}).get("checks", [])
