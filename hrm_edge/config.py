@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hrm_edge.errors import UserError
+from hrm_edge.io import atomic_write_text
 
 
 @dataclass
@@ -74,8 +75,6 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     def save(self, path: Path) -> None:
-        from hrm_edge.io import atomic_write_text
-
         atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod

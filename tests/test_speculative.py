@@ -11,9 +11,9 @@ from conftest import REPO
 from hrm_edge.config import ModelConfig
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.model.eager import EagerDecoder, EagerSpeculativeDecoder
-from hrm_edge.model.lm import HRMLM
-from hrm_edge.runtime.decoders import Sampling, generate
-from hrm_edge.runtime.speculative import accept_greedy, accept_sampled, generate_speculative
+from hrm_edge.model.lm import HRMLM, CachedDraftForm, CachedVerifyForm, KVCache
+from hrm_edge.runtime.decoders import PteDecoder, Sampling, generate
+from hrm_edge.runtime.speculative import PteSpeculativeDecoder, accept_greedy, accept_sampled, generate_speculative
 from hrm_edge.train.tokenizer import load_tokenizer
 
 SHIPPED = REPO / "hrm_edge" / "default_model"
@@ -101,3 +101,45 @@ def test_sampled_generation_runs_to_the_budget():
     model = tiny_model()
     g = generate_speculative(EagerSpeculativeDecoder(model), [3, 17, 5], 40, Sampling(temperature=0.8, seed=3))
     assert len(g.tokens) == 40 and g.rounds >= 40 // 5
+
+
+def test_cached_forms_continue_the_full_model():
+    """The ExecuTorch program's draft and verify methods on an eager KVCache: prefill 5 tokens with the full
+    model, draft 4 (cycle-1 readout and states), verify them in one call: the full model's logits there."""
+    model = tiny_model(2)
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42, 7, 1, 30]])
+    cache = KVCache(model.cfg)
+    draft, verify = CachedDraftForm(model, cache), CachedVerifyForm(model, cache)
+    with torch.no_grad():
+        model(tokens[:, :5], cache=cache, input_pos=torch.tensor([0]))
+        states = [draft(tokens[:, i: i + 1], torch.tensor([i]))[1] for i in range(5, 9)]  # [2, 1, 1, D] each
+        verified = verify(tokens[:, 5:], torch.cat(states, dim=2), torch.tensor([5]))[0]
+        cycle1 = draft(tokens[:, 8:9], torch.tensor([8]))[0][0, -1]
+        reference = model(tokens, aux=True)  # per outer cycle: [1, 9, V] each
+    np.testing.assert_allclose(verified.numpy(), reference[-1][0, 5:].numpy(), atol=2e-4, rtol=0)
+    np.testing.assert_allclose(cycle1.numpy(), reference[0][0, 8].numpy(), atol=2e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_pte_speculative_program_is_exact(tmp_path):
+    """The shipped model's speculative ExecuTorch program (forward, draft, verify over shared cache buffers):
+    verify's logits are the full program's, and greedy speculative decoding equals plain greedy decoding of the
+    full KV program (export_pte_decode's graph is the program's forward) token for token."""
+    from hrm_edge.export.executorch import export_pte_speculative
+
+    model, tokenizer = shipped()
+    path = export_pte_speculative(model, tmp_path / "hrm.fp32.spec.pte", 0, 1)
+    full, spec = PteDecoder(path, threads=1), PteSpeculativeDecoder(path, threads=1)
+    prompt = code_prompt(0)
+    reference = full.prefill(np.array(prompt))  # [S, V]
+    spec.reset()
+    spec.prefill(np.array(prompt[:-5]))
+    for token in prompt[-5:]:
+        spec.draft(token)
+    np.testing.assert_allclose(spec.verify(), reference[-5:], atol=1e-4, rtol=0)
+    for draft_len, start in [(3, 900), (6, 2700)]:
+        prompt = code_prompt(start)
+        plain = generate(full, prompt, 60)
+        g = generate_speculative(spec, prompt, 60, draft_len=draft_len)
+        assert g.tokens == plain.tokens and len(g.tokens) == 60
+        assert 0 < g.accepted < g.proposed  # kept drafts and corrections both ran

@@ -10,6 +10,13 @@ Two source transformations before tracing, as ExecuTorch's own Llama export does
   (measured, d 128, vocab 4096). The price: the embedding gather (portable kernels) and the head (XNNPACK)
   each store the table, so these programs carry it twice; the manifest records it (tied_table_copies) and
   the size rule counts it.
+
+The self-speculative program (export_pte_speculative) is one program with three methods over one set of cache
+buffers: exported together, with MemoryPlanningPass(share_mutable_buffers=True), every method places a buffer
+of a given name at the same offset of one shared arena (memory id 2; exir/passes/memory_planning_pass.py,
+run_multimethod). Sharing at run time is the runtime's part: the Python Runtime API gives all methods of a
+loaded program the same planned arenas; a C++ runner needs Module(..., share_memory_arenas=true), as
+ExecuTorch's own multi-method LLM runners do.
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ import torch
 
 from hrm_edge.io import atomic_write_bytes
 from hrm_edge.export.quantize import dynamic_int4_model, dynamic_int8_model
-from hrm_edge.model.lm import HRMLM, DecodeForm, TracedForm, cache_steps
+from hrm_edge.model.lm import HRMLM, CachedDraftForm, CachedVerifyForm, DecodeForm, TracedForm, cache_steps
 
 class ExecuTorchKVCache(torch.nn.Module):
     """The KV cache on ExecuTorch's LLM custom ops: one pair of buffers [B, L, H, hd] per block application
@@ -101,8 +108,17 @@ def metadata_methods(cfg, bos_id: int, eos_id: int, use_kv_cache: bool) -> dict:
 
 def _lower(module, example: tuple, dynamic: tuple, cfg, path: Path, bos_id: int, eos_id: int, use_kv_cache: bool) -> Path:
     """torch.export -> to_edge_transform_and_lower (XNNPACK, tied table kept once) -> atomic write."""
+    return _lower_methods({"forward": (module, example, dynamic)}, cfg, path, bos_id, eos_id, use_kv_cache)
+
+
+def _lower_methods(methods: dict, cfg, path: Path, bos_id: int, eos_id: int, use_kv_cache: bool,
+                   shared_state: bool = False) -> Path:
+    """methods: name -> (module, example inputs, dynamic shapes), one program method each. shared_state: the
+    methods' mutable buffers of the same name are one tensor (ExecuTorch's MemoryPlanningPass
+    share_mutable_buffers: every method places it at the same offset of one shared arena, memory id 2)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
 
     # torchao logs "Failed to load" for its CUDA-only kernels on import: harmless on a CPU
     for name in ("executorch", "torchao"):
@@ -110,11 +126,14 @@ def _lower(module, example: tuple, dynamic: tuple, cfg, path: Path, bos_id: int,
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.no_grad():  # in-place cache writes must not be recorded for autograd
-            ep = torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
+            programs = {name: torch.export.export(module, example, dynamic_shapes=dynamic, strict=False)
+                        for name, (module, example, dynamic) in methods.items()}
         edge = to_edge_transform_and_lower(
-            ep, partitioner=[XnnpackPartitioner()],
+            programs if len(programs) > 1 else programs["forward"], partitioner=[XnnpackPartitioner()],
             constant_methods=metadata_methods(cfg, bos_id, eos_id, use_kv_cache))
-        program = edge.to_executorch()
+        config = ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+                                         emit_mutable_buffer_names=True) if shared_state else None
+        program = edge.to_executorch(config)
     atomic_write_bytes(path, program.buffer)
     return path
 
@@ -147,3 +166,28 @@ def export_pte_decode(model: HRMLM, path: Path, bos_id: int, eos_id: int, n_cycl
     example = (torch.zeros(1, 4, dtype=torch.int64), torch.tensor([0], dtype=torch.int64))
     seq = torch.export.Dim("seq", min=1, max=cfg.max_seq_len - 1)
     return _lower(DecodeForm(model.eval(), n_cycles=n_cycles, cache=cache), example, ({1: seq}, None), cfg, path, bos_id, eos_id, use_kv_cache=True)
+
+
+def export_pte_speculative(model: HRMLM, path: Path, bos_id: int, eos_id: int) -> Path:
+    """Write export_pte_decode's program plus self-speculative decoding's two methods (hrm_edge.runtime.speculative),
+    all three over the same T cache buffers (one tensor each, shared across methods):
+        forward(tokens [1, S], input_pos [1]) -> logits [1, S, V]        every application (prefill, decode)
+        draft(tokens [1, S], input_pos [1]) -> (logits [1, S, V], state [2, 1, S, D])
+                                               the first outer cycle (applications 0..L, their slots)
+        verify(tokens [1, S], state [2, 1, S, D], input_pos [1]) -> logits [1, S, V]
+                                               applications L + 1 .. T - 1 (their slots) from the drafts' states
+    `model` may be an int8 model (quantized_for_pte), as for export_pte_decode."""
+    cfg = model.cfg
+    if cfg.arch != "hrm":
+        raise ValueError("self-speculative decoding drafts with the first outer cycle: an hrm model only")
+    model = (untie_head(model) if model.head is None else model).eval()
+    cache = ExecuTorchKVCache(cfg, cfg.n_steps)
+    tokens, pos = torch.zeros(1, 4, dtype=torch.int64), torch.tensor([0], dtype=torch.int64)
+    state = torch.zeros(2, 1, 4, cfg.d_model)
+    seq = torch.export.Dim("seq", min=1, max=cfg.max_seq_len - 1)
+    methods = {
+        "forward": (DecodeForm(model, cache=cache), (tokens, pos), ({1: seq}, None)),
+        "draft": (CachedDraftForm(model, cache), (tokens, pos), ({1: seq}, None)),
+        "verify": (CachedVerifyForm(model, cache), (tokens, state, pos), ({1: seq}, {2: seq}, None)),
+    }
+    return _lower_methods(methods, cfg, path, bos_id, eos_id, use_kv_cache=True, shared_state=True)

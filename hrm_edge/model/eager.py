@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hrm_edge.model.lm import DecodeForm
+from hrm_edge.model.lm import CachedDraftForm, CachedVerifyForm, DecodeForm
 
 
 class EagerDecoder:
@@ -33,34 +33,31 @@ class EagerDecoder:
 
 class EagerSpeculativeDecoder(EagerDecoder):
     """EagerDecoder plus draft / verify / commit (hrm_edge.runtime.speculative) over the same KV cache: a draft
-    runs the first outer cycle (applications 0..L, their cache slots) on one token; verify runs applications
-    L + 1 .. T - 1 on every pending position at once, from the drafts' cycle-1 states (their cache slots)."""
+    runs the first outer cycle (CachedDraftForm: applications 0..L, their cache slots) on one token; verify runs
+    applications L + 1 .. T - 1 on every pending position at once, from the drafts' cycle-1 states (CachedVerifyForm,
+    the ExecuTorch program's two methods run eagerly)."""
 
     def __init__(self, model, threads: int = 0):
         super().__init__(model, threads)
-        per_cycle = model.cfg.L_cycles + 1
-        self.first_cycle, self.rest = range(per_cycle), range(per_cycle, model.cfg.n_steps)
-        self.pending: list[tuple[int, tuple]] = []  # (token, (z_fast, z_slow) [1, 1, D] each) per drafted position
+        self.draft_form = CachedDraftForm(self.form.model, self.form.cache)
+        self.verify_form = CachedVerifyForm(self.form.model, self.form.cache)
+        self.pending: list[tuple[int, torch.Tensor]] = []  # (token, state [2, 1, 1, D]) per drafted position
 
     def reset(self):
         super().reset()
         self.pending = []
 
     def draft(self, token: int) -> np.ndarray:  # -> cycle-1 logits [V]
-        model, cache = self.form.model, self.form.cache
         with torch.no_grad():
-            inp = model.step_inputs(torch.tensor([[token]]), cache, torch.tensor([self.pos + len(self.pending)]))
-            states = model.run_steps(inp, model.initial_states(inp), self.first_cycle)
-            self.pending.append((token, states))
-            return model.readout(model.final_state(*states))[0, -1].numpy()
+            logits, state = self.draft_form(torch.tensor([[token]]), torch.tensor([self.pos + len(self.pending)]))
+        self.pending.append((token, state))
+        return logits[0, -1].numpy()
 
     def verify(self) -> np.ndarray:  # -> full logits [n, V] at the pending positions
-        model, cache = self.form.model, self.form.cache
         tokens = torch.tensor([[token for token, _ in self.pending]])  # [1, n]
-        states = tuple(torch.cat([s[i] for _, s in self.pending], dim=1) for i in range(2))  # [1, n, D] each
+        states = torch.cat([s for _, s in self.pending], dim=2)  # [2, 1, n, D]
         with torch.no_grad():
-            inp = model.step_inputs(tokens, cache, torch.tensor([self.pos]))
-            return model.readout(model.final_state(*model.run_steps(inp, states, self.rest)))[0].numpy()
+            return self.verify_form(tokens, states, torch.tensor([self.pos]))[0].numpy()
 
     def commit(self, n: int) -> None:
         self.pos += n

@@ -596,6 +596,38 @@ class VerifyForm(nn.Module):
         return (m.readout(m.final_state(z[0], z[1])), *cache.present())
 
 
+class CachedDraftForm(nn.Module):
+    """(tokens [1, S], input_pos [1]) -> (logits [1, S, V] of the first outer cycle's readout, state [2, 1, S, D]
+    after it (fast, slow)): DraftForm over an in-place cache (KVCache, or the ExecuTorch program's), writing
+    block applications 0..L's slots at input_pos. The ExecuTorch program's "draft" method."""
+
+    def __init__(self, model: HRMLM, cache: nn.Module):
+        super().__init__()
+        self.model, self.cache, self.steps = model, cache, range(model.cfg.L_cycles + 1)
+
+    def forward(self, tokens, input_pos):
+        m = self.model
+        inp = m.step_inputs(tokens, self.cache, input_pos)
+        z_fast, z_slow = m.run_steps(inp, m.initial_states(inp), self.steps)
+        return m.readout(m.final_state(z_fast, z_slow)), torch.stack([z_fast, z_slow])
+
+
+class CachedVerifyForm(nn.Module):
+    """(tokens [1, S], state [2, 1, S, D] from CachedDraftForm, input_pos [1]) -> full-depth logits [1, S, V]:
+    VerifyForm over an in-place cache, writing block applications L + 1 .. T - 1's slots at input_pos. The
+    ExecuTorch program's "verify" method."""
+
+    def __init__(self, model: HRMLM, cache: nn.Module):
+        super().__init__()
+        self.model, self.cache = model, cache
+        self.steps = range(model.cfg.L_cycles + 1, model.cfg.n_steps)
+
+    def forward(self, tokens, state, input_pos):
+        m = self.model
+        inp = m.step_inputs(tokens, self.cache, input_pos)
+        return m.readout(m.final_state(*m.run_steps(inp, (state[0], state[1]), self.steps)))
+
+
 class TracedForm(nn.Module):
     """tokens -> logits in one iteration form: the thing an exporter traces."""
 

@@ -87,9 +87,9 @@ class PteDecoder(Decoder):
         if weight_cache is not None:
             set_weight_cache(weight_cache)  # read when the program's delegates are initialised, at load
         self.torch = torch
-        program = Runtime.get().load_program(str(path))
-        self.method = program.load_method("forward")
-        self.max_seq_len = int(program.load_method("get_max_seq_len").execute([])[0])
+        self.program = Runtime.get().load_program(str(path))
+        self.method = self.program.load_method("forward")
+        self.max_seq_len = int(self.program.load_method("get_max_seq_len").execute([])[0])
         self.pos = 0
 
     def reset(self):

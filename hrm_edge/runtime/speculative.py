@@ -29,8 +29,8 @@ from typing import Callable
 
 import numpy as np
 
-from hrm_edge.runtime.decoders import (Generation, OnnxDecoder, Sampling, ort_session, prefill_prompt, sample,
-                                       sampling_probs)
+from hrm_edge.runtime.decoders import (Generation, OnnxDecoder, PteDecoder, Sampling, ort_session, prefill_prompt,
+                                       sample, sampling_probs)
 
 DEFAULT_DRAFT_LEN = 4  # k: proposals verified per round (measured: see docs/measurements.md)
 PROGRAMS = ("kv", "draft", "verify")  # the file-name word of each graph: hrm.fp32.kv.onnx, hrm.fp32.draft.onnx, ...
@@ -202,4 +202,42 @@ class OnnxSpeculativeDecoder(OnnxDecoder):
         self.pos += n
         self.first = tuple(np.ascontiguousarray(c[:, :, :, : self.pos]) for c in self.first)
         self.rest = tuple(np.ascontiguousarray(c[:, :, :, : self.pos]) for c in self.rest)
+        self.pending_tokens, self.pending_states = [], []
+
+
+class PteSpeculativeDecoder(PteDecoder):
+    """The ExecuTorch program of hrm_edge.export.executorch.export_pte_speculative: "forward" prefills, "draft"
+    runs the first outer cycle on one token, "verify" the rest of the depth on every pending position, all over
+    the program's one set of cache buffers (shared across its methods; the Runtime API's methods share the
+    program's planned memory). Nothing is copied on commit: rows past the kept positions are stale, and the
+    next round rewrites them before anything attends to them (the cache ops attend up to the call's last
+    position)."""
+
+    def __init__(self, path: Path, threads: int = 0, weight_cache: bool | None = None):
+        super().__init__(path, threads, weight_cache)
+        self.draft_method = self.program.load_method("draft")
+        self.verify_method = self.program.load_method("verify")
+
+    def reset(self):
+        super().reset()
+        self.pending_tokens, self.pending_states = [], []
+
+    def draft(self, token: int) -> np.ndarray:  # -> cycle-1 logits [V]
+        t = self.torch
+        logits, state = self.draft_method.execute([
+            t.tensor([[token]], dtype=t.int64), t.tensor([self.pos + len(self.pending_tokens)], dtype=t.int64)])
+        self.pending_tokens.append(token)
+        self.pending_states.append(state)  # [2, 1, 1, D]
+        return logits.numpy()[0, -1]
+
+    def verify(self) -> np.ndarray:  # -> full logits [n, V]
+        t = self.torch
+        # contiguous inputs: see PteDecoder._run
+        state = t.cat(self.pending_states, dim=2).contiguous()  # [2, 1, n, D]
+        logits = self.verify_method.execute([
+            t.tensor([self.pending_tokens], dtype=t.int64), state, t.tensor([self.pos], dtype=t.int64)])[0]
+        return logits.numpy()[0]
+
+    def commit(self, n: int) -> None:
+        self.pos += n
         self.pending_tokens, self.pending_states = [], []
