@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import dataclasses
 import json
 import multiprocessing
 import os
 import platform
-import signal
 import sys
 import tempfile
 import time
@@ -41,6 +39,7 @@ from hrm_edge.export.quantize import (all_linear_int8_names, dynamic_int4_quanti
                                       int8_weight_bytes, parse_linear_names, pt2e_quantization, pte_weight_bytes,
                                       static_int8_names, static_int8_pt2e_model, static_int8_reference,
                                       static_onnx_quantization, static_plan)
+from hrm_edge.export.workers import init_worker
 from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
                          sha256_file, staging_folder)
 from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, configs_for, copy_model_files, load_model,
@@ -410,7 +409,8 @@ def export_speculative_onnx(staging: Path, prepared: Prepared, parity: ParitySet
     written = Made()
     for program, export in (("draft", export_onnx_draft), ("verify", export_onnx_verify)):
         path = export(model, staging / artifact_name("hrm", "fp32", "onnx", program))
-        written += wrote(path, "onnx", "fp32", program, "onnx_loop", prefill_len=parity.prefill_len)
+        written += wrote(path, "onnx", "fp32", program, "onnx_loop", prefill_len=parity.prefill_len,
+                         mobile_usability=mobile_usability(path))
     int8_kv = next((a for a in made.artifacts if a.path == artifact_name("hrm", "int8-static-perstep", "onnx",
                                                                           "kv_cache")), None)
     if calibration is not None and int8_kv is not None:
@@ -422,7 +422,7 @@ def export_speculative_onnx(staging: Path, prepared: Prepared, parity: ParitySet
                                         model, plan, first_step)
             written += wrote(path, "onnx", "int8", program, "onnx_loop", prefill_len=parity.prefill_len,
                              reference=int8_kv.reference, weight_bytes=int8_kv.weight_bytes,
-                             quantization=int8_kv.quantization)
+                             quantization=int8_kv.quantization, mobile_usability=mobile_usability(path))
     log(f"[export] wrote {len(written.artifacts)} ONNX graphs in {time.perf_counter() - t:.0f} s")
     return written
 
@@ -585,22 +585,6 @@ def pte_jobs(cfg, int8: tuple, cycles: tuple) -> list[PteJob]:
     return jobs
 
 
-def _init_worker(stderr_dir: Path | None) -> None:
-    """A worker's start: it must not outlive a killed export (kill -9 leaves no orphan still writing into the
-    folder); unless --verbose, the libraries' notices are off and native stderr (ExecuTorch's and cpuinfo's
-    C++ lines) goes to a file, shown only if the export fails."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if stderr_dir is not None:
-        quiet_third_party(False)
-        sys.stderr.flush()
-        fd = os.open(stderr_dir / f"worker-{os.getpid()}.stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        os.dup2(fd, 2)
-        os.close(fd)
-
-
 def show_worker_stderr(stderr_dir: Path) -> None:
     """What the workers wrote to stderr (kept back unless --verbose), when an export fails."""
     for path in sorted(stderr_dir.glob("worker-*.stderr")):
@@ -653,7 +637,8 @@ def start_pte_workers(model_dir: Path, staging: Path, jobs: list[PteJob], parity
     2 cores; the main process's own work is light by the time both are busy). Returns (pool, async results)."""
     _stage(f"lowering {len(jobs)} ExecuTorch program(s) (unrolled, XNNPACK) in worker processes: "
            f"{', '.join(j.name for j in jobs)}", log)
-    pool = multiprocessing.get_context("spawn").Pool(min(2, len(jobs)), initializer=_init_worker, initargs=(stderr_dir,))
+    pool = multiprocessing.get_context("spawn").Pool(min(2, len(jobs)), initializer=init_worker,
+                                                     initargs=(stderr_dir, os.getpid()))
     return pool, [pool.apply_async(build_pte_programs, (model_dir, staging, [job], parity.tokens, parity.prefill_len))
                   for job in jobs]
 

@@ -1,0 +1,31 @@
+"""The .pte lowering workers' start, in a module of its own: a spawned worker imports the module of its
+initializer before running it, and this one imports the standard library and hrm_edge.quiet only, so a worker arms
+its death signal within moments of starting (the pipeline module imports torch, onnx and the exporters first,
+seconds in which a killed export would leave the worker an orphan)."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from pathlib import Path
+
+from hrm_edge.quiet import quiet_third_party
+
+
+def init_worker(stderr_dir: Path | None, parent_pid: int) -> None:
+    """A worker's start: it must not outlive a killed export (kill -9 leaves no orphan still writing into the
+    folder); unless --verbose, the libraries' notices are off and native stderr (ExecuTorch's and cpuinfo's
+    C++ lines) goes to a file, shown only if the export fails."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the export died before the signal was armed: nothing to lower for
+        os._exit(1)
+    if stderr_dir is not None:
+        quiet_third_party(False)
+        sys.stderr.flush()
+        fd = os.open(stderr_dir / f"worker-{os.getpid()}.stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
