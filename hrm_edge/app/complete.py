@@ -22,7 +22,8 @@ from hrm_edge.errors import UserError, first_line, run_cli
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, Sampling, generate
-from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, generate_speculative
+from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, generate_speculative,
+                                          speculative_set)
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
 from hrm_edge.train.tokenizer import eos_id, load_tokenizer
 
@@ -43,10 +44,10 @@ def pick_artifact(manifest: dict, runtime: str, precision: str) -> Artifact:
 
 def speculative_graphs(manifest: dict, kv: Artifact) -> list[str]:
     """The draft and verify graphs that go with the KV graph kv (self-speculative decoding), gate passed."""
+    arts = {a.path: a for a in manifest["artifacts"]}
     found = []
-    for program in ("draft", "verify"):
-        art = next((a for a in manifest["artifacts"] if a.program == program and a.format == kv.format
-                    and a.path.split(".")[1] == kv.path.split(".")[1]), None)
+    for program, name in zip(("draft", "verify"), speculative_set(kv.path)[1:]):
+        art = arts.get(name)
         if art is None:
             raise UserError(f"--speculative: no {program} graph for {kv.path} in this export; re-run python -m "
                             "hrm_edge.export")

@@ -42,6 +42,7 @@ from hrm_edge.measure.peers import PeerShape, build_peers, require_peer_extra
 from hrm_edge.model.checkpoint import save_model
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
 from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN as DRAFT_LEN
+from hrm_edge.runtime.speculative import speculative_set
 from hrm_edge.runtime.xnnpack_options import child_flags, weight_cache_enabled
 from hrm_edge.verify.parity import host_target, load_bundle, perplexity, run_onnx
 
@@ -124,11 +125,10 @@ def passed_here(a: Artifact) -> bool:
 def speculative_jobs(out_dir: Path, manifest: dict) -> list[DecodeJob]:
     """Self-speculative decoding of the eager model, and of each full-depth ONNX KV graph that has a draft and a
     verify graph of its precision; it passes where all three passed."""
-    arts = manifest["artifacts"]
+    arts = {a.path: a for a in manifest["artifacts"]}
     jobs = [DecodeJob(manifest["model"]["arch"], out_dir, "eager", "eager", "fp32", mode="speculative")]
-    for kv in [a for a in arts if a.program == "kv_cache" and a.format == "onnx" and a.cycles is None]:
-        pair = [next((a for a in arts if a.program == p and a.format == "onnx" and a.precision == kv.precision
-                      and a.path.split(".")[1] == kv.path.split(".")[1]), None) for p in ("draft", "verify")]
+    for kv in [a for a in arts.values() if a.program == "kv_cache" and a.format == "onnx" and a.cycles is None]:
+        pair = [arts.get(name) for name in speculative_set(kv.path)[1:]]
         if all(pair):
             jobs.append(DecodeJob(kv.path.split(".")[0], out_dir, kv.path, kv.format, kv.precision, mode="speculative",
                                   passed=all(passed_here(a) for a in (kv, *pair)), draft=pair[0].path,
