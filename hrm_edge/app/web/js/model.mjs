@@ -1,8 +1,8 @@
 // The tokenizer and the ONNX KV-cache graph in the browser (onnxruntime-web, WASM backend).
 //
 // The graph (hrm_edge/export/onnx.py, "kv_cache" program):
-//   inputs  tokens int64 [1, S], past_k / past_v float32 [T, 1, H, P, hd]
-//   outputs logits float32 [1, S, V], present_k / present_v [T, 1, H, P + S, hd]
+//   inputs  tokens int64 [B, S], past_k / past_v float32 [T, B, H, P, hd]
+//   outputs logits float32 [B, S, V], present_k / present_v [T, B, H, P + S, hd]
 // A call's presents are the next call's pasts. Pasts are immutable values, so branching (trying several
 // next tokens for suggestions) is just calling again with the same past. Python twin: hrm_edge/runtime/decoders.py
 // OnnxDecoder.
@@ -16,7 +16,9 @@ if (threads !== null) ort.env.wasm.numThreads = Number(threads);
 
 export async function loadTokenizer(url) {
   const json = await fetchOk(url).then((r) => r.json());
-  const tokenizer = new Tokenizer(json, {});
+  // no clean-up of spaces before punctuation (" ." -> "."), which the package does by default and Python's
+  // tokenizers does not: decoded text must be the bytes of the tokens
+  const tokenizer = new Tokenizer(json, { clean_up_tokenization_spaces: false });
   return {
     // add_special_tokens false and skip_special_tokens true: what hrm_edge.app.complete does in Python
     encode: (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
@@ -53,23 +55,39 @@ export class KvModel {
              v: new ort.Tensor("float32", new Float32Array(0), dims), length: 0 };
   }
 
-  // tokens: int[] at positions past.length ... ; returns {logits: Float32Array [S * V], vocab, past}.
-  run(tokens, past) {
-    if (past.length + tokens.length > this.maxSeqLen) {
-      return Promise.reject(new Error(`context full: ${past.length} + ${tokens.length} > ${this.maxSeqLen}`));
+  // tokens: int[] [batch * S] (row-major), each row at positions past.length ...; the past has `batch` rows.
+  // Returns {logits: Float32Array [batch * S * V], vocab, past}.
+  run(tokens, past, batch = 1) {
+    const seq = tokens.length / batch;
+    if (past.length + seq > this.maxSeqLen) {
+      return Promise.reject(new Error(`context full: ${past.length} + ${seq} > ${this.maxSeqLen}`));
     }
     const job = this.queue.then(async () => {
       const feeds = {
-        tokens: new ort.Tensor("int64", BigInt64Array.from(tokens, BigInt), [1, tokens.length]),
+        tokens: new ort.Tensor("int64", BigInt64Array.from(tokens, BigInt), [batch, seq]),
         past_k: past.k, past_v: past.v,
       };
       const out = await this.session.run(feeds);
       const vocab = out.logits.dims[2];
       return { logits: out.logits.data, vocab,
-               past: { k: out.present_k, v: out.present_v, length: past.length + tokens.length } };
+               past: { k: out.present_k, v: out.present_v, length: past.length + seq } };
     });
     this.queue = job.catch(() => {});
     return job;
+  }
+
+  // A past made of the given batch rows of `past` (repeats allowed: [0, 0, 0] tiles a one-row past 3 times).
+  pastRows(past, rows) {
+    const pick = (tensor) => {
+      const [T, B, H, P, hd] = tensor.dims, block = H * P * hd, src = tensor.data;
+      const dst = new Float32Array(T * rows.length * block);
+      for (let t = 0; t < T; t++) {
+        rows.forEach((r, b) => dst.set(src.subarray((t * B + r) * block, (t * B + r + 1) * block),
+                                       (t * rows.length + b) * block));
+      }
+      return new ort.Tensor("float32", dst, [T, rows.length, H, P, hd]);
+    };
+    return { k: pick(past.k), v: pick(past.v), length: past.length };
   }
 
   // The first n positions of a past (to reuse the cache of a common prefix of an edited text).

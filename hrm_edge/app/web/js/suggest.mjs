@@ -1,28 +1,32 @@
-// Next-word suggestions, the phone-keyboard use this model is sized for.
+// Next-word suggestions, the phone-keyboard use this model is sized for: docs/keyboard.md specifies the
+// algorithm; hrm_edge/runtime/suggest.py (Python) and WordSuggester.java (Android core) implement the same, and
+// tests/test_keyboard.py checks the three give identical words.
 //
-// A word is usually 1-3 tokens, so the next token's distribution alone is not a word list. For the few
-// most likely next tokens, each is extended greedily until the text holds a whole word followed by
-// something else (the word has ended); the word's probability is the product of its tokens'
-// probabilities, summed over the token paths that spell the same word. The 3 most probable words win.
-// Mid-word ("imp"), the word being typed is completed ("ort", shown as "import"); after a space, the
-// next word is suggested.
-// Cost per keystroke: the typed tokens (the cache of the unchanged prefix is reused) + at most
-// CANDIDATES x MAX_EXTRA_TOKENS one-token decode steps, a few ms each.
-import { argmax, softmax } from "./generate.mjs";
+// In short: the text's last token is taken back (token healing); the CANDIDATES most likely first tokens that
+// start with its text are each extended greedily, all of them as one batch per decode step, until the word
+// they spell has ended (a non-word character follows it); a word still open after MAX_EXTRA_TOKENS is dropped,
+// so the bar only shows whole words. Word probability: the product of its tokens' probabilities, summed over
+// the chains that spell the same insert. Mid-word ("imp") the chip is the completed word ("import").
+// Cost per keystroke: the changed tokens of the text (the cache of the unchanged prefix is reused) + at most
+// MAX_EXTRA_TOKENS batched one-token decode steps; chains already computed for the same context are reused.
+import { argmax } from "./generate.mjs";
 import { row } from "./model.mjs";
 
-const CANDIDATES = 6; // first tokens tried
-const MAX_EXTRA_TOKENS = 3; // greedy tokens after the first one, to finish a word and see it end
-// optional leading spaces, then a run of word characters or a run of other visible characters
-const WORD = /^(\s*)([\p{L}\p{N}_]+|[^\s\p{L}\p{N}_]+)/u;
+export const CANDIDATES = 6; // first tokens tried
+export const MAX_EXTRA_TOKENS = 4; // greedy decode steps after the first token
+const SPACES = " \t\n\r\f\v";
+const WORD_CHAR = /^[\p{L}\p{N}_]/u;
 
-// Keeps the KV cache of the text typed so far, so a keystroke costs one or two tokens, not a prefill.
+// Keeps the KV cache of the text typed so far, so a keystroke costs one or two tokens, not a prefill, and
+// the greedy chains computed from it (typing on inside a word often asks for the same ones again).
 export class TypedContext {
   constructor(model) {
     this.model = model;
     this.ids = [];
     this.past = model.emptyPast();
     this.logits = null; // of the last position
+    this.chains = new Map(); // first token -> {tokens, probs}, for this.ids
+    this.texts = null; // [tokenizer, text of every token id]
   }
 
   // Bring the cache to `ids` (reusing the longest common prefix); returns the last position's logits [V].
@@ -30,81 +34,166 @@ export class TypedContext {
     let common = 0;
     while (common < ids.length && common < this.ids.length && ids[common] === this.ids[common]) common++;
     if (common === ids.length && common === this.ids.length && this.logits) return this.logits;
-    if (common === ids.length) common -= 1; // the last token must run again to give its logits
+    common = Math.min(common, ids.length - 1); // the last token runs again to give its logits
     const out = await this.model.run(ids.slice(common), this.model.slicePast(this.past, common));
     this.ids = ids.slice();
     this.past = out.past;
     this.logits = row(out.logits, out.vocab, ids.length - 1 - common);
+    this.chains = new Map();
     return this.logits;
   }
-}
 
-// Follow one candidate first token greedily until the first word after `prefix` is complete.
-// Returns {insert, probability} or null when no word comes out (e.g. only whitespace).
-async function extendToWord(model, tokenizer, past, firstToken, firstProbability, prefix) {
-  const ids = [firstToken], probs = [firstProbability];
-  let text = tokenizer.decode(ids);
-  for (let step = 0; step < MAX_EXTRA_TOKENS; step++) {
-    const m = WORD.exec(text.slice(prefix.length));
-    if (m && prefix.length + m[0].length < text.length) break; // something follows the word: it has ended
-    if (past.length + 1 > model.maxSeqLen) break;
-    const out = await model.run([ids[ids.length - 1]], past);
-    past = out.past;
-    const p = softmax(row(out.logits, out.vocab, 0));
-    const next = argmax(p);
-    ids.push(next);
-    probs.push(p[next]);
-    text = tokenizer.decode(ids);
+  // The decoded text of every token id ("" for special tokens), computed once per tokenizer.
+  tokenTexts(tokenizer, vocab) {
+    if (this.texts?.[0] !== tokenizer) {
+      const texts = [];
+      for (let i = 0; i < vocab; i++) texts.push(tokenizer.decode([i]));
+      this.texts = [tokenizer, texts];
+    }
+    return this.texts[1];
   }
-  const m = WORD.exec(text.slice(prefix.length));
-  if (!m) return null;
-  // the word's probability: the tokens whose text starts inside prefix + word
-  let probability = 1;
-  for (let i = 0; i < ids.length; i++) {
-    if (i > 0 && tokenizer.decode(ids.slice(0, i)).length >= prefix.length + m[0].length) break;
-    probability *= probs[i];
+}
+
+const isWordChar = (ch) => WORD_CHAR.test(ch);
+
+// The word characters at the end of `text` (the word being typed; "" after a space or a symbol).
+export function trailingWord(text) {
+  const chars = [...text];
+  let i = chars.length;
+  while (i > 0 && isWordChar(chars[i - 1])) i--;
+  return chars.slice(i).join("");
+}
+
+// What a continuation of the typed text says: null while the word may go on (open), "" when no word can come
+// out of it (dead), else [insert, word, ending].
+export function readWord(continuation, midWord) {
+  const c = continuation.replace(/\ufffd+$/u, ""); // a trailing U+FFFD: a character whose bytes are still coming
+  let i = 0;
+  if (!midWord) while (i < c.length && SPACES.includes(c[i])) i++;
+  let j = i;
+  while (j < c.length) {
+    const ch = String.fromCodePoint(c.codePointAt(j));
+    if (!isWordChar(ch)) break;
+    j += ch.length;
   }
-  return { insert: m[0], probability };
+  if (j === c.length) return null;
+  if (j === i) return "";
+  return [c.slice(0, j), c.slice(i, j), c.slice(j)];
 }
 
-// Token healing: a text that ends in the middle of what is usually one token ("def " is "def" + " ",
-// where the model was trained on "def" + " name") gives poor next-token guesses. So the last token is
-// taken back, and the first token must start with its text (`prefix`).
-function healLastToken(ids, tokenizer) {
-  if (ids.length < 2) return { context: ids, prefix: "" };
-  return { context: ids.slice(0, -1), prefix: tokenizer.decode(ids.slice(-1)) };
+// The end of a long text: when the ids leave no room for the extension, whole blocks of a quarter of the
+// context are dropped from the start (so the window, and its cache, stays the same for many keys).
+export function contextWindow(ids, maxSeqLen) {
+  const limit = maxSeqLen - MAX_EXTRA_TOKENS;
+  if (ids.length <= limit) return ids;
+  const block = Math.floor(maxSeqLen / 4);
+  return ids.slice(Math.ceil((ids.length - limit) / block) * block);
 }
 
-// The decoded text of every token id (for token healing), computed once per tokenizer.
-const tokenTexts = new WeakMap();
-function tokenText(tokenizer, vocab) {
-  if (!tokenTexts.has(tokenizer)) tokenTexts.set(tokenizer, Array.from({ length: vocab }, (_, i) => tokenizer.decode([i])));
-  return tokenTexts.get(tokenizer);
+// exp(logits[t] - max) / sum_j exp(logits[j] - max), in float64 (the same sum order in every language)
+function probability(logits, t) {
+  let max = -Infinity, sum = 0;
+  for (const x of logits) if (x > max) max = x;
+  for (const x of logits) sum += Math.exp(x - max);
+  return Math.exp(logits[t] - max) / sum;
 }
 
-// The n most likely next words after `text`. Returns {words: [{insert, label, probability}], ms}.
-export async function suggestWords(context, tokenizer, text, n = 3) {
-  const t = performance.now();
+// The CANDIDATES highest-logit tokens whose text starts with `prefix` (and is not empty); ties: lower id.
+function firstTokens(logits, texts, prefix) {
+  const best = [];
+  for (let t = 0; t < logits.length; t++) {
+    if (!texts[t] || !texts[t].startsWith(prefix)) continue;
+    if (best.length === CANDIDATES && !(logits[t] > logits[best[best.length - 1]])) continue;
+    let k = best.length === CANDIDATES ? best.length - 1 : best.length;
+    while (k > 0 && logits[t] > logits[best[k - 1]]) { best[k] = best[k - 1]; k--; }
+    best[k] = t;
+  }
+  return best;
+}
+
+// null while the word of a chain's tokens is open, "" if no word comes out (dead), else
+// [insert, word, ending, probability].
+function decide(tokens, probs, tokenizer, texts, prefix, midWord) {
+  if (!texts[tokens[tokens.length - 1]]) return ""; // a special token (end of text): no word follows
+  const text = tokenizer.decode(tokens);
+  if (!text.startsWith(prefix)) return "";
+  const read = readWord(text.slice(prefix.length), midWord);
+  if (!read) return read;
+  const [insert, word, ending] = read;
+  const end = prefix.length + insert.length;
+  let p = probs[0];
+  for (let i = 1; i < tokens.length; i++) { // the tokens that spell part of the word (not those of the ending alone)
+    if (tokenizer.decode(tokens.slice(0, i)).length >= end) break;
+    p *= probs[i];
+  }
+  return [insert, word, ending, p];
+}
+
+// decide() on the chain's shortest prefix that decides; null if the whole chain is still open.
+function firstDecision(chain, decideTokens) {
+  for (let k = 1; k <= chain.tokens.length; k++) {
+    const found = decideTokens(chain.tokens.slice(0, k), chain.probs.slice(0, k));
+    if (found !== null) return found;
+  }
+  return null;
+}
+
+// Grow every chain whose word is still open by greedy tokens, all of them as one batch per decode step (the
+// context's past tiled along the batch axis), until each has ended or has MAX_EXTRA_TOKENS more tokens.
+async function extend(context, chains, stillOpen) {
   const model = context.model;
-  let ids = tokenizer.encode(text);
-  const room = model.maxSeqLen - MAX_EXTRA_TOKENS - 2;
-  if (ids.length > room) ids = ids.slice(ids.length - room); // keep the end of a long text
-  if (ids.length === 0) return { words: [], ms: 0 };
-  const { context: contextIds, prefix } = healLastToken(ids, tokenizer);
-  const p = softmax(await context.update(contextIds));
-  const texts = tokenText(tokenizer, p.length);
-  const order = Array.from(p.keys()).filter((i) => texts[i].startsWith(prefix))
-    .sort((a, b) => p[b] - p[a]).slice(0, CANDIDATES);
-  const byWord = new Map();
-  for (const token of order) {
-    const word = await extendToWord(model, tokenizer, context.past, token, p[token], prefix);
-    if (word) byWord.set(word.insert, (byWord.get(word.insert) ?? 0) + word.probability);
+  let rows = chains.map((_, i) => i).filter((i) => stillOpen(chains[i])); // the chain of each batch row
+  if (rows.length === 0) return;
+  let past = model.pastRows(context.past, rows.map(() => 0));
+  for (let step = 0; step < MAX_EXTRA_TOKENS; step++) {
+    const out = await model.run(rows.map((i) => chains[i].tokens[chains[i].tokens.length - 1]), past, rows.length);
+    rows.forEach((i, b) => {
+      const logits = row(out.logits, out.vocab, b);
+      const t = argmax(logits);
+      chains[i].tokens.push(t);
+      chains[i].probs.push(probability(logits, t));
+    });
+    const keep = [];
+    rows.forEach((i, b) => { if (stillOpen(chains[i])) keep.push(b); });
+    if (keep.length === 0 || step === MAX_EXTRA_TOKENS - 1) return;
+    past = keep.length < rows.length ? model.pastRows(out.past, keep) : out.past;
+    rows = keep.map((b) => rows[b]);
   }
-  // mid-word ("imp" -> "ort"), show the whole word the tap completes ("import")
-  const partial = /[\p{L}\p{N}_]+$/u.exec(text)?.[0] ?? "";
-  const words = [...byWord].sort((a, b) => b[1] - a[1]).slice(0, n).map(([insert, probability]) => ({
-    insert, probability,
-    label: /^[\p{L}\p{N}_]/u.test(insert) ? partial + insert : insert.replace(/^\s+/, ""),
-  }));
-  return { words, ms: performance.now() - t };
+}
+
+// The n most likely whole next words after `text` (the text before the cursor).
+// Returns {words: [{label, insert, probability, ending}], ms}.
+export async function suggestWords(context, tokenizer, text, n = 3) {
+  const t0 = performance.now();
+  const ids = contextWindow(tokenizer.encode(text), context.model.maxSeqLen);
+  if (ids.length === 0) return { words: [], ms: 0 };
+  // token healing: the last token is taken back; the first token must start with its text
+  const contextIds = ids.length > 1 ? ids.slice(0, -1) : ids;
+  const logits = await context.update(contextIds);
+  const texts = context.tokenTexts(tokenizer, logits.length);
+  const prefix = ids.length > 1 ? texts[ids[ids.length - 1]] : "";
+  const partial = trailingWord(text);
+  const decideTokens = (tokens, probs) => decide(tokens, probs, tokenizer, texts, prefix, partial !== "");
+  const chains = [], fresh = [];
+  for (const t of firstTokens(logits, texts, prefix)) {
+    let chain = context.chains.get(t);
+    if (!chain || (firstDecision(chain, decideTokens) === null && chain.tokens.length <= MAX_EXTRA_TOKENS)) {
+      chain = { tokens: [t], probs: [probability(logits, t)] }; // not computed yet, or too short to decide
+      context.chains.set(t, chain);
+      fresh.push(chain);
+    }
+    chains.push(chain);
+  }
+  await extend(context, fresh, (chain) => decideTokens(chain.tokens, chain.probs) === null);
+  const merged = new Map();
+  for (const chain of chains) {
+    const found = firstDecision(chain, decideTokens);
+    if (!found) continue; // dead, or no word ended within MAX_EXTRA_TOKENS
+    const [insert, word, ending, p] = found;
+    if (merged.has(insert)) merged.get(insert).probability += p;
+    else merged.set(insert, { label: partial ? partial + word : word, insert, probability: p, ending });
+  }
+  // Array.prototype.sort is stable: ties keep candidate order
+  const words = [...merged.values()].sort((a, b) => b.probability - a.probability).slice(0, n);
+  return { words, ms: performance.now() - t0 };
 }

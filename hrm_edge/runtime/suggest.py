@@ -1,0 +1,246 @@
+"""Next-word suggestions for a phone keyboard: the algorithm of docs/keyboard.md, in numpy.
+
+The page (hrm_edge/app/web/js/suggest.mjs) and the Android core (WordSuggester.java) implement the same
+specification; tests/test_keyboard.py checks that the three give identical words on a fixture model.
+
+    context = TypedContext(OnnxStepModel("export/hrm.int8-static-perstep.kv.onnx"))
+    suggest_words(context, tokenizer, "import o").words   # [Word(label="os", insert="s", ...), ...]
+
+A step model is the *.kv.onnx graph's contract: run(tokens int64 [B, S], past_k, past_v [T, B, H, P, hd]) ->
+(logits [B, S, V], present_k, present_v [T, B, H, P + S, hd]); empty_past() -> (k, v) [T, 1, H, 0, hd];
+max_seq_len. OnnxStepModel runs the graph; hrm_edge.model.eager.EagerStepModel runs a checkpoint.
+"""
+from __future__ import annotations
+
+import time
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hrm_edge.runtime.decoders import ort_session
+
+CANDIDATES = 6  # first tokens tried
+MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must be seen to end within them
+SPACES = " \t\n\r\f\v"
+
+
+@dataclass
+class Word:
+    label: str  # what the chip shows: the whole word
+    insert: str  # what a tap inserts at the cursor
+    probability: float
+    ending: str = ""  # the text that followed the word in its extension (the evidence that the word ended)
+
+
+@dataclass
+class Suggestions:
+    words: list[Word]
+    ms: float
+
+
+class OnnxStepModel:
+    """A *.kv.onnx / *.kv.ort graph (dynamic batch axis) as a step model."""
+
+    def __init__(self, path: Path, threads: int = 0):
+        self.session = ort_session(path, threads)
+        shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_k")  # [T, B, H, P, hd]
+        self.past_shape = (shape[0], 1, shape[2], 0, shape[4])
+        self.max_seq_len = int(self.session.get_modelmeta().custom_metadata_map["max_seq_len"])
+
+    def empty_past(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(self.past_shape, np.float32), np.zeros(self.past_shape, np.float32)
+
+    def run(self, tokens: np.ndarray, past_k: np.ndarray, past_v: np.ndarray):
+        return self.session.run(None, {"tokens": np.ascontiguousarray(tokens, dtype=np.int64),
+                                       "past_k": past_k, "past_v": past_v})
+
+
+@dataclass
+class Chain:
+    """A first token and its greedy continuation: tokens [k], the probability of each under its step's softmax."""
+    tokens: list[int]
+    probs: list[float]
+
+
+class TypedContext:
+    """The KV cache of the text typed so far (a keystroke costs the changed tokens, not a prefill), and the greedy
+    chains already computed from it (typing on inside a word often keeps the context and asks for them again)."""
+
+    def __init__(self, step_model):
+        self.model = step_model
+        self.ids: list[int] = []
+        self.past_k, self.past_v = step_model.empty_past()
+        self.logits = None  # [V] of the last position
+        self.chains: dict[int, Chain] = {}  # first token -> its chain, for self.ids
+        self._texts = (None, [])
+
+    def update(self, ids: list[int]) -> np.ndarray:
+        """Bring the cache to `ids`, reusing the longest common prefix; returns the last position's logits [V]."""
+        common = 0
+        while common < min(len(ids), len(self.ids)) and ids[common] == self.ids[common]:
+            common += 1
+        if common == len(ids) == len(self.ids) and self.logits is not None:
+            return self.logits
+        common = min(common, len(ids) - 1)  # the last token runs again to give its logits
+        k, v = self.past_k[:, :, :, :common], self.past_v[:, :, :, :common]
+        logits, self.past_k, self.past_v = self.model.run(np.array([ids[common:]], np.int64),
+                                                          np.ascontiguousarray(k), np.ascontiguousarray(v))
+        self.ids, self.logits, self.chains = list(ids), logits[0, -1], {}
+        return self.logits
+
+    def token_texts(self, tokenizer, vocab: int) -> list[str]:
+        """The decoded text of every token id < vocab ("" for special tokens), computed once per tokenizer."""
+        if self._texts[0] is not tokenizer:
+            self._texts = (tokenizer, tokenizer.decode_batch([[i] for i in range(vocab)]))
+        return self._texts[1]
+
+
+def is_word_char(ch: str) -> bool:
+    return ch == "_" or unicodedata.category(ch)[0] in "LN"
+
+
+def trailing_word(text: str) -> str:
+    """The word characters at the end of `text` (the word being typed; "" after a space or a symbol)."""
+    i = len(text)
+    while i > 0 and is_word_char(text[i - 1]):
+        i -= 1
+    return text[i:]
+
+
+def read_word(continuation: str, mid_word: bool):
+    """What a continuation of the typed text says: None while the word may go on (open), "" when no word can
+    come out of it (dead), else (insert, word, ending)."""
+    c = continuation.rstrip("\ufffd")  # a trailing U+FFFD is a character whose bytes are still coming
+    i = 0
+    if not mid_word:
+        while i < len(c) and c[i] in SPACES:
+            i += 1
+    j = i
+    while j < len(c) and is_word_char(c[j]):
+        j += 1
+    if j == len(c):
+        return None
+    if j == i:
+        return ""
+    return c[:j], c[i:j], c[j:]
+
+
+def context_window(ids: list[int], max_seq_len: int) -> list[int]:
+    """The end of a long text: when the ids do not leave room for the extension, whole blocks of a quarter of
+    the context are dropped from the start (so the window, and its cache, stays the same for many keys)."""
+    limit = max_seq_len - MAX_EXTRA_TOKENS
+    if len(ids) <= limit:
+        return ids
+    block = max_seq_len // 4
+    return ids[-(-(len(ids) - limit) // block) * block:]
+
+
+def softmax64(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits.astype(np.float64) - float(logits.max()))
+    return z / z.sum()
+
+
+def first_tokens(logits: np.ndarray, texts: list[str], prefix: str) -> list[int]:
+    """The CANDIDATES highest-logit tokens whose text starts with `prefix` (and is not empty); ties: lower id."""
+    out = []
+    for t in np.argsort(-logits, kind="stable"):
+        if texts[t] and texts[t].startswith(prefix):
+            out.append(int(t))
+            if len(out) == CANDIDATES:
+                break
+    return out
+
+
+def decide(tokens: list[int], probs: list[float], tokenizer, texts: list[str], prefix: str, mid_word: bool):
+    """None while the word of a chain's tokens is open, "" if no word comes out (dead), else
+    (insert, word, ending, probability)."""
+    if not texts[tokens[-1]]:
+        return ""  # a special token (end of text): no word follows
+    text = tokenizer.decode(tokens)
+    if not text.startswith(prefix):
+        return ""
+    read = read_word(text[len(prefix):], mid_word)
+    if not read:
+        return read
+    insert, word, ending = read
+    end = len(prefix) + len(insert)
+    probability = probs[0]
+    for i in range(1, len(tokens)):  # the tokens that spell part of the word (not those of the ending alone)
+        if len(tokenizer.decode(tokens[:i])) >= end:
+            break
+        probability *= probs[i]
+    return insert, word, ending, probability
+
+
+def first_decision(chain: Chain, decide_tokens):
+    """decide() on the chain's shortest prefix that decides; None if the whole chain is still open."""
+    for k in range(1, len(chain.tokens) + 1):
+        found = decide_tokens(chain.tokens[:k], chain.probs[:k])
+        if found is not None:
+            return found
+    return None
+
+
+def extend(context: TypedContext, chains: list[Chain], still_open) -> None:
+    """Grow every chain whose word is still open by greedy tokens, all of them as one batch per decode step,
+    until each has ended (still_open false) or has MAX_EXTRA_TOKENS more tokens."""
+    rows = [i for i in range(len(chains)) if still_open(chains[i])]  # the chain of each batch row
+    if not rows:
+        return
+    past_k = np.repeat(context.past_k, len(rows), axis=1)  # [T, B, H, P, hd]
+    past_v = np.repeat(context.past_v, len(rows), axis=1)
+    for step in range(MAX_EXTRA_TOKENS):
+        tokens = np.array([[chains[i].tokens[-1]] for i in rows], np.int64)  # [B, 1]
+        logits, past_k, past_v = context.model.run(tokens, past_k, past_v)
+        for b, i in enumerate(rows):
+            row = logits[b, 0].astype(np.float64)
+            t = int(np.argmax(row))
+            chains[i].tokens.append(t)
+            chains[i].probs.append(float(1.0 / np.exp(row - row[t]).sum()))
+        keep = [b for b, i in enumerate(rows) if still_open(chains[i])]
+        if not keep or step == MAX_EXTRA_TOKENS - 1:
+            return
+        if len(keep) < len(rows):
+            past_k, past_v = np.ascontiguousarray(past_k[:, keep]), np.ascontiguousarray(past_v[:, keep])
+            rows = [rows[b] for b in keep]
+
+
+def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Suggestions:
+    """The n most likely whole next words after `text` (the text before the cursor); see docs/keyboard.md.
+    tokenizer: a tokenizers.Tokenizer (hrm_edge.train.tokenizer.load_tokenizer)."""
+    start = time.perf_counter()
+    ids = context_window(tokenizer.encode(text, add_special_tokens=False).ids, context.model.max_seq_len)
+    if not ids:
+        return Suggestions([], 0.0)
+    # token healing: the last token is taken back; the first token must start with its text
+    logits = context.update(ids[:-1] if len(ids) > 1 else ids)
+    texts = context.token_texts(tokenizer, len(logits))
+    prefix = texts[ids[-1]] if len(ids) > 1 else ""
+    partial = trailing_word(text)
+    p = softmax64(logits)
+
+    def decide_tokens(tokens, probs):
+        return decide(tokens, probs, tokenizer, texts, prefix, partial != "")
+
+    chains, fresh = [], []
+    for t in first_tokens(logits, texts, prefix):
+        chain = context.chains.get(t)
+        if chain is None or (first_decision(chain, decide_tokens) is None and len(chain.tokens) <= MAX_EXTRA_TOKENS):
+            chain = context.chains[t] = Chain([t], [float(p[t])])  # not computed yet, or too short to decide
+            fresh.append(chain)
+        chains.append(chain)
+    extend(context, fresh, lambda chain: decide_tokens(chain.tokens, chain.probs) is None)
+    merged: dict[str, Word] = {}
+    for chain in chains:
+        found = first_decision(chain, decide_tokens)
+        if not found:
+            continue  # dead, or no word ended within MAX_EXTRA_TOKENS
+        insert, word, ending, probability = found
+        if insert in merged:
+            merged[insert].probability += probability
+        else:
+            merged[insert] = Word(partial + word if partial else word, insert, probability, ending)
+    words = sorted(merged.values(), key=lambda w: -w.probability)[:n]  # stable: ties keep candidate order
+    return Suggestions(words, (time.perf_counter() - start) * 1000)

@@ -1,0 +1,76 @@
+// node keyboard_fixture.mjs JOB.json: the page's own suggestWords (hrm_edge/app/web/js/suggest.mjs) on the hash
+// fixture model of tests/test_keyboard.py, with the page's tokenizer package. test_keyboard.py copies this file
+// and the page's js/ folder next to a node_modules with the page's pinned packages, runs it, and compares the
+// printed JSON with Python's and Java's words.
+import { readFileSync } from "node:fs";
+import { Tokenizer } from "@huggingface/tokenizers";
+
+globalThis.location = { search: "" }; // model.mjs reads the page's URL
+const { TypedContext, suggestWords } = await import("./js/suggest.mjs");
+
+// lowbias32: a 32-bit integer hash, the same uint32 arithmetic in Python, JS and Java
+function mix(x) {
+  x = (x ^ (x >>> 16)) >>> 0;
+  x = Math.imul(x, 0x7feb352d) >>> 0;
+  x = (x ^ (x >>> 15)) >>> 0;
+  x = Math.imul(x, 0x846ca68b) >>> 0;
+  return (x ^ (x >>> 16)) >>> 0;
+}
+
+// Logits that are a hash of (the token ids so far, position): logit[v] = (mix(h ^ v * 0x85ebca6b) >>> 24) / 16
+// for allowed ids, -16 for the others. The past holds each row's token ids, so a wrong cache shows.
+class HashModel {
+  constructor(vocab, allowed, maxSeqLen) {
+    this.vocab = vocab;
+    this.allowed = new Uint8Array(vocab);
+    for (const id of allowed) this.allowed[id] = 1;
+    this.maxSeqLen = maxSeqLen;
+    this.calls = [];
+  }
+
+  emptyPast() { return { rows: [[]], length: 0 }; }
+
+  slicePast(past, n) { return { rows: past.rows.map((r) => r.slice(0, n)), length: n }; }
+
+  pastRows(past, rows) { return { rows: rows.map((r) => past.rows[r].slice()), length: past.length }; }
+
+  async run(tokens, past, batch = 1) {
+    const seq = tokens.length / batch, V = this.vocab;
+    this.calls.push([batch, seq]);
+    const logits = new Float32Array(batch * seq * V), rows = [];
+    for (let b = 0; b < batch; b++) {
+      const ids = past.rows[b].concat(tokens.slice(b * seq, (b + 1) * seq));
+      let h = 0x12345678;
+      for (let i = 0; i < ids.length; i++) {
+        h = mix((h ^ ((Math.imul(ids[i], 0x9e3779b1) + i) >>> 0)) >>> 0);
+        if (i < past.length) continue;
+        const at = (b * seq + i - past.length) * V;
+        for (let v = 0; v < V; v++) {
+          logits[at + v] = this.allowed[v] ? (mix((h ^ Math.imul(v, 0x85ebca6b)) >>> 0) >>> 24) / 16 : -16;
+        }
+      }
+      rows.push(ids);
+    }
+    return { logits, vocab: V, past: { rows, length: past.length + seq } };
+  }
+}
+
+const job = JSON.parse(readFileSync(process.argv[2], "utf8"));
+const hf = new Tokenizer(JSON.parse(readFileSync(job.tokenizer, "utf8")), { clean_up_tokenization_spaces: false });
+const tokenizer = { // what the page's loadTokenizer returns
+  encode: (text) => hf.encode(text, { add_special_tokens: false }).ids,
+  decode: (ids) => hf.decode(ids, { skip_special_tokens: true }),
+};
+const out = [];
+for (const texts of job.sequences) { // one typing session (one cache) per sequence
+  const model = new HashModel(job.vocab, job.allowed, job.max_seq_len);
+  const context = new TypedContext(model);
+  const steps = [];
+  for (const text of texts) {
+    model.calls = [];
+    const { words } = await suggestWords(context, tokenizer, text, 3);
+    steps.push({ words: words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls: model.calls });
+  }
+  out.push(steps);
+}
+console.log(JSON.stringify(out));

@@ -1,0 +1,192 @@
+"""Next-word suggestions (docs/keyboard.md): hrm_edge.runtime.suggest on a fixture model, and the same words from
+the page's suggest.mjs (under node) and the Android core's WordSuggester.java.
+
+The fixture's logits are integer arithmetic on (token ids, position), so Python, JS and Java compute bit-identical
+floats and must agree on every chip (probabilities within 1e-9 relative: softmax sums in a different order)."""
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, is_word_char,
+                                      read_word, suggest_words, trailing_word)
+from hrm_edge.train.tokenizer import load_tokenizer
+
+TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
+M32 = 0xFFFFFFFF
+FIXTURE_MAX_SEQ_LEN = 40  # small, so the long sequence below crosses the context window
+LONG = ("import os\nimport sys\n\n\ndef main(argv=None):\n    parser = make_parser()\n    args = parser.parse_args(argv)\n"
+        "    for name in sorted(args.names):\n        print(name, os.path.getsize(name))\n    return 0\n")
+# (text before typing, typed one character at a time): each keystroke is one suggestion call on one cache
+SESSIONS = [("import o", "s.pa"), ("import os\ndef ", "get_na"), ("class Foo(", "obj"), ("x = 1\n", "ret"),
+            ("", "for i in ra"), ("print(", "self.v"), (LONG, "    re"), ("a = [1, 2]\n# ", "café é")]
+
+
+def mix(x):
+    """lowbias32 on a Python int or a uint32 array (wrapping uint32 arithmetic)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & M32 if isinstance(x, int) else x * np.uint32(0x7FEB352D)
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & M32 if isinstance(x, int) else x * np.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+class HashStepModel:
+    """The step-model contract with hash logits: logit[v] = (mix(h ^ v * 0x85ebca6b) >> 24) / 16 for allowed ids,
+    -16 for the others, h a hash of the ids so far and the position. past_k [1, B, 1, P, 1] holds the ids, so a
+    wrongly sliced, tiled or selected cache changes the logits. Same function: keyboard_fixture.mjs,
+    HashStepModel.java."""
+
+    def __init__(self, allowed: list[int], vocab: int, max_seq_len: int = FIXTURE_MAX_SEQ_LEN):
+        self.allowed = np.zeros(vocab, bool)
+        self.allowed[allowed] = True
+        self.salts = np.arange(vocab, dtype=np.uint32) * np.uint32(0x85EBCA6B)
+        self.max_seq_len, self.calls = max_seq_len, []
+
+    def empty_past(self):
+        return np.zeros((1, 1, 1, 0, 1), np.float32), np.zeros((1, 1, 1, 0, 1), np.float32)
+
+    def run(self, tokens, past_k, past_v):
+        (batch, seq), past = tokens.shape, past_k.shape[3]
+        assert past_k.shape[1] == batch and np.array_equal(past_k, past_v) and past + seq <= self.max_seq_len
+        self.calls.append((batch, seq))
+        ids = np.concatenate([past_k[0, :, 0, :, 0].astype(np.int64), tokens], axis=1)  # [B, P + S]
+        logits = np.zeros((batch, seq, len(self.allowed)), np.float32)
+        for b in range(batch):
+            h = 0x12345678
+            for i, t in enumerate(ids[b].tolist()):
+                h = mix(h ^ ((t * 0x9E3779B1 + i) & M32))
+                if i >= past:
+                    logits[b, i - past] = np.where(self.allowed, (mix(np.uint32(h) ^ self.salts) >> 24) / 16, -16)
+        present = ids.astype(np.float32)[None, :, None, :, None]
+        return logits, present, present.copy()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def allowed(tokenizer) -> list[int]:
+    """Token ids whose text is printable ASCII (or tab / newline): decoding never meets a broken UTF-8 sequence,
+    where each language's decoder may place U+FFFD differently."""
+    texts = tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())])
+    return [i for i, t in enumerate(texts) if t and all(c in "\t\n" or " " <= c <= "~" for c in t)]
+
+
+def typed(start: str, keys: str) -> list[str]:
+    return [start + keys[:i] for i in range(len(keys) + 1)]
+
+
+def python_words(tokenizer, allowed) -> list:
+    out = []
+    for start, keys in SESSIONS:
+        context = TypedContext(HashStepModel(allowed, tokenizer.get_vocab_size()))
+        out.append([[[w.label, w.insert, w.probability, w.ending] for w in suggest_words(context, tokenizer, text).words]
+                    for text in typed(start, keys)])
+    return out
+
+
+# ---- the algorithm, in Python ----
+def test_read_word():
+    assert read_word("ort os", True) == ("ort", "ort", " os")  # mid-word: completes the typed word
+    assert read_word("ort", True) is None  # open: the word may go on
+    assert read_word(" os", True) == ""  # the typed word was already complete: no completion
+    assert read_word("  os(", False) == ("  os", "os", "(")  # after a space: the next word, leading spaces inserted
+    assert read_word("   ", False) is None and read_word("", False) is None
+    assert read_word("(x", False) == ""  # a symbol where the word should be
+    assert read_word("caf\ufffd", True) is None  # the bytes of a character are still coming
+    assert read_word("é\ufffd(", True) == ("é", "é", "\ufffd(")  # a U+FFFD inside the text is a character
+    assert trailing_word("x = foo_1") == "foo_1" and trailing_word("x = ") == "" and trailing_word("") == ""
+    assert is_word_char("é") and is_word_char("_") and is_word_char("²") and not is_word_char("-")
+
+
+def test_context_window_drops_whole_blocks():
+    ids = list(range(100))
+    assert context_window(ids[:60], 64) == ids[:60]
+    # 64 - MAX_EXTRA_TOKENS = 60 at most; a block is 16 ids: 61..76 ids drop 16, 77..92 drop 32
+    assert context_window(ids[:61], 64) == ids[16:61] and context_window(ids[:76], 64) == ids[16:76]
+    assert context_window(ids[:77], 64) == ids[32:77]
+
+
+def test_only_whole_words_ranked_by_probability(tokenizer, allowed):
+    sessions, n_words, multi_token = python_words(tokenizer, allowed), 0, 0
+    for (start, keys), steps in zip(SESSIONS, sessions):
+        for text, words in zip(typed(start, keys), steps):
+            partial = trailing_word(text)
+            probs = [p for _, _, p, _ in words]
+            assert probs == sorted(probs, reverse=True) and len({w[1] for w in words}) == len(words)
+            for label, insert, p, ending in words:
+                n_words += 1
+                assert label and all(is_word_char(c) for c in label), (text, label)
+                assert ending and not is_word_char(ending[0]), (text, label, ending)  # the word ended
+                if partial:
+                    assert label == partial + insert
+                else:
+                    assert insert.endswith(label) and not insert[: -len(label)].strip(" \t\n\r\f\v")
+                multi_token += len(tokenizer.encode(insert, add_special_tokens=False).ids) > 1
+    assert n_words > 40 and multi_token > 3, (n_words, multi_token)  # the fixture exercises real cases
+
+
+def test_batched_steps_and_reused_chains(tokenizer, allowed):
+    model = HashStepModel(allowed, tokenizer.get_vocab_size())
+    context = TypedContext(model)
+    first = suggest_words(context, tokenizer, "import os\ndef get")
+    # one context run, then at most MAX_EXTRA_TOKENS one-token steps with every open chain in the batch
+    assert model.calls[0] == (1, len(tokenizer.encode("import os\ndef", add_special_tokens=False).ids))
+    assert 1 <= len(model.calls) - 1 <= MAX_EXTRA_TOKENS
+    assert all(s == 1 and b <= CANDIDATES for b, s in model.calls[1:])
+    assert [b for b, _ in model.calls[1:]] == sorted(b for b, _ in model.calls[1:])[::-1]  # finished chains leave
+    model.calls.clear()
+    again = suggest_words(context, tokenizer, "import os\ndef get")
+    assert model.calls == [] and again.words == first.words  # same context: cache and chains reused
+    # the same chains without reuse (a fresh context) give the same words
+    assert suggest_words(TypedContext(model), tokenizer, "import os\ndef get").words == first.words
+
+
+def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monkeypatch):
+    """With no extra tokens allowed, only first tokens that carry their own ending (" os(") can give a word."""
+    import hrm_edge.runtime.suggest as suggest
+
+    monkeypatch.setattr(suggest, "MAX_EXTRA_TOKENS", 0)
+    model = HashStepModel(allowed, tokenizer.get_vocab_size())
+    for text in ("import o", "x = ", "def f("):
+        for w in suggest_words(TypedContext(model), tokenizer, text).words:
+            assert w.ending and len(tokenizer.encode(w.insert + w.ending, add_special_tokens=False).ids) >= 1
+    assert all(b == 1 for b, _ in model.calls)  # no extension steps ran
+
+
+# ---- the same words from JS (node) and Java ----
+def node_words(tokenizer, allowed, tmp_path) -> list:
+    from hrm_edge.app.demo import WEB_DIR, web_packages
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node not found (apt-get install nodejs npm)")
+    shutil.copytree(WEB_DIR / "js", tmp_path / "js")
+    shutil.copyfile(REPO / "tests" / "keyboard_fixture.mjs", tmp_path / "keyboard_fixture.mjs")
+    (tmp_path / "node_modules").symlink_to(web_packages(log=lambda *_: None))
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"tokenizer": str(TOKENIZER), "vocab": tokenizer.get_vocab_size(), "allowed": allowed,
+                               "max_seq_len": FIXTURE_MAX_SEQ_LEN,
+                               "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
+    proc = subprocess.run([node, str(tmp_path / "keyboard_fixture.mjs"), str(job)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [[step["words"] for step in steps] for steps in json.loads(proc.stdout)]
+
+
+def assert_same_words(got: list, want: list, who: str):
+    for (start, keys), got_steps, want_steps in zip(SESSIONS, got, want, strict=True):
+        for text, g, w in zip(typed(start, keys), got_steps, want_steps, strict=True):
+            assert [x[:2] + x[3:] for x in g] == [x[:2] + x[3:] for x in w], (who, text, g, w)
+            for x, y in zip(g, w):
+                assert abs(x[2] - y[2]) <= 1e-9 * abs(y[2]), (who, text, x, y)
+
+
+def test_javascript_gives_the_same_words(tokenizer, allowed, tmp_path):
+    assert_same_words(node_words(tokenizer, allowed, tmp_path), python_words(tokenizer, allowed), "suggest.mjs")
