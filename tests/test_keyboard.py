@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from test_android_core import classes, java  # noqa: F401  (classes: the compiled Java core, a fixture)
 from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, is_word_char,
                                       read_word, suggest_words, trailing_word)
 from hrm_edge.train.tokenizer import load_tokenizer
@@ -190,3 +191,14 @@ def assert_same_words(got: list, want: list, who: str):
 
 def test_javascript_gives_the_same_words(tokenizer, allowed, tmp_path):
     assert_same_words(node_words(tokenizer, allowed, tmp_path), python_words(tokenizer, allowed), "suggest.mjs")
+
+
+
+def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path):
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"vocab": tokenizer.get_vocab_size(), "allowed": allowed,
+                               "max_seq_len": FIXTURE_MAX_SEQ_LEN,
+                               "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
+    proc = java(classes, "org.hrmedge.core.CoreCli", "suggest", TOKENIZER, job)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_words(json.loads(proc.stdout), python_words(tokenizer, allowed), "WordSuggester.java")

@@ -2,21 +2,23 @@ package org.hrmedge.core;
 
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.regex.Matcher;
-import java.util.regex.Pattern;
 
 /**
- * The 3 most likely next words, as the browser demo computes them (hrm_edge/app/web/js/suggest.mjs): for the
- * most likely next tokens, extend each greedily until its word has ended, rank words by the product of
- * their tokens' probabilities (summed over token paths spelling the same word). The text's last token is
- * taken back first ("token healing"): "def " ends in a lone space token the model rarely saw, so the
- * candidates are the tokens that start with that text instead.
+ * The most likely whole next words, by the algorithm of docs/keyboard.md, as the browser demo
+ * (hrm_edge/app/web/js/suggest.mjs) and Python (hrm_edge/runtime/suggest.py) compute them; tests/test_keyboard.py
+ * checks the three give identical words. The text's last token is taken back (token healing); the
+ * {@link #CANDIDATES} most likely first tokens that start with its text are each extended greedily until the
+ * word they spell has ended (a non-word character follows it); a word still open after {@link #MAX_EXTRA_TOKENS}
+ * is dropped. The page extends all chains as one batch per step; this StepModel runs one sequence at a time
+ * (chain after chain, each overwriting the cache rows after the context), which gives the same words.
  */
 public final class WordSuggester {
-    /** A KV-cache program: forward(tokens at positions start..) -> logits of the last token [vocab]. */
+    /** A KV-cache program: forward(tokens at positions start..) -> logits of the last token [vocab]; the
+     *  rows of positions below start are those of the previous calls. */
     public interface StepModel {
         float[] forward(int[] tokens, int start);
 
@@ -24,13 +26,16 @@ public final class WordSuggester {
     }
 
     public static final class Suggestion {
-        public final String insert, label;
-        public final double probability;
+        /** label: the chip (the whole word); insert: what a tap inserts; ending: what followed the word in its
+         *  extension (the evidence that it ended). */
+        public final String label, insert, ending;
+        public double probability;
 
-        Suggestion(String insert, String label, double probability) {
-            this.insert = insert;
+        Suggestion(String label, String insert, double probability, String ending) {
             this.label = label;
+            this.insert = insert;
             this.probability = probability;
+            this.ending = ending;
         }
 
         @Override
@@ -39,92 +44,202 @@ public final class WordSuggester {
         }
     }
 
-    static final int CANDIDATES = 6, MAX_EXTRA_TOKENS = 3;
-    private static final Pattern WORD = ByteLevelBpe.unicodePattern("^(\\s*)([\\p{L}\\p{N}_]+|[^\\s\\p{L}\\p{N}_]+)");
-    private static final Pattern PARTIAL = ByteLevelBpe.unicodePattern("[\\p{L}\\p{N}_]+$");
+    /** A first token and its greedy continuation, with each token's probability under its step's softmax. */
+    private static final class Chain {
+        final List<Integer> tokens = new ArrayList<>();
+        final List<Double> probs = new ArrayList<>();
+    }
+
+    /** What a chain says: open (null), dead (DEAD) or a word. */
+    private static final class Decision {
+        final String insert, word, ending;
+        final double probability;
+
+        Decision(String insert, String word, String ending, double probability) {
+            this.insert = insert;
+            this.word = word;
+            this.ending = ending;
+            this.probability = probability;
+        }
+    }
+
+    private static final Decision DEAD = new Decision("", "", "", 0);
+    static final int CANDIDATES = 6, MAX_EXTRA_TOKENS = 4;
+    private static final String SPACES = " \t\n\r\f\013"; // \013: vertical tab
 
     private final StepModel model;
     private final ByteLevelBpe tokenizer;
-    private final String[] tokenText;
-    // ids whose KV rows the program holds (rows of later branches are overwritten before they are read)
-    private int[] cached = new int[0];
+    private String[] tokenText;
+    private int[] cached = new int[0]; // the context ids whose KV rows the program holds
+    private float[] cachedLogits;
+    private Map<Integer, Chain> chains = new HashMap<>(); // first token -> chain, for `cached`
 
     public WordSuggester(StepModel model, ByteLevelBpe tokenizer) {
         this.model = model;
         this.tokenizer = tokenizer;
-        tokenText = new String[tokenizer.vocabSize()];
-        for (int i = 0; i < tokenText.length; i++) tokenText[i] = tokenizer.decode(new int[] {i});
     }
 
     public List<Suggestion> suggest(String text, int n) {
-        int[] ids = tokenizer.encode(text);
-        int room = model.maxSeqLen() - MAX_EXTRA_TOKENS - 2;
-        if (ids.length > room) ids = Arrays.copyOfRange(ids, ids.length - room, ids.length);
+        int[] ids = contextWindow(tokenizer.encode(text), model.maxSeqLen());
         if (ids.length == 0) return new ArrayList<>();
-        String prefix = "";
-        if (ids.length >= 2) { // token healing
-            prefix = tokenizer.decode(new int[] {ids[ids.length - 1]});
-            ids = Arrays.copyOf(ids, ids.length - 1);
+        // token healing: the last token is taken back; the first token must start with its text
+        float[] logits = advance(ids.length > 1 ? Arrays.copyOf(ids, ids.length - 1) : ids);
+        String[] texts = tokenTexts(logits.length);
+        String prefix = ids.length > 1 ? texts[ids[ids.length - 1]] : "";
+        String partial = trailingWord(text);
+        boolean midWord = !partial.isEmpty();
+        List<Chain> list = new ArrayList<>();
+        for (int t : firstTokens(logits, texts, prefix)) {
+            Chain chain = chains.get(t);
+            if (chain == null || (firstDecision(chain, prefix, midWord) == null && chain.tokens.size() <= MAX_EXTRA_TOKENS)) {
+                chain = new Chain(); // not computed yet, or too short to decide
+                chain.tokens.add(t);
+                chain.probs.add(probability(logits, t));
+                extend(chain, cached.length, prefix, midWord);
+                chains.put(t, chain);
+            }
+            list.add(chain);
         }
-        double[] p = Sampling.softmax(advance(ids));
-        Map<String, Double> byWord = new LinkedHashMap<>();
-        for (int token : topCandidates(p, prefix)) {
-            Suggestion w = extendToWord(ids.length, token, p[token], prefix);
-            if (w != null) byWord.merge(w.insert, w.probability, Double::sum);
+        Map<String, Suggestion> merged = new LinkedHashMap<>();
+        for (Chain chain : list) {
+            Decision d = firstDecision(chain, prefix, midWord);
+            if (d == null || d == DEAD) continue; // dead, or no word ended within MAX_EXTRA_TOKENS
+            Suggestion known = merged.get(d.insert);
+            if (known != null) known.probability += d.probability;
+            else merged.put(d.insert, new Suggestion(partial + d.word, d.insert, d.probability, d.ending));
         }
-        Matcher partialMatch = PARTIAL.matcher(text);
-        String partial = partialMatch.find() ? partialMatch.group() : "";
-        List<Suggestion> out = new ArrayList<>();
-        byWord.entrySet().stream().sorted((a, b) -> Double.compare(b.getValue(), a.getValue())).limit(n).forEach(e -> {
-            String insert = e.getKey();
-            int c = insert.codePointAt(0);
-            boolean wordChar = Character.isLetterOrDigit(c) || c == '_';
-            out.add(new Suggestion(insert, wordChar ? partial + insert : insert.replaceAll("^\\s+", ""), e.getValue()));
-        });
-        return out;
+        List<Suggestion> out = new ArrayList<>(merged.values());
+        out.sort((a, b) -> Double.compare(b.probability, a.probability)); // stable: ties keep candidate order
+        return new ArrayList<>(out.subList(0, Math.min(n, out.size())));
     }
 
     /** Run the context, reusing the cached rows of its common prefix; returns the last position's logits. */
     private float[] advance(int[] ids) {
         int common = 0;
         while (common < ids.length && common < cached.length && ids[common] == cached[common]) common++;
-        if (common == ids.length) common--; // the last token runs again to give its logits
-        float[] logits = model.forward(Arrays.copyOfRange(ids, common, ids.length), common);
+        if (common == ids.length && common == cached.length && cachedLogits != null) return cachedLogits;
+        common = Math.min(common, ids.length - 1); // the last token runs again to give its logits
+        cachedLogits = model.forward(Arrays.copyOfRange(ids, common, ids.length), common);
         cached = ids.clone();
-        return logits;
+        chains = new HashMap<>();
+        return cachedLogits;
     }
 
-    private List<Integer> topCandidates(double[] p, String prefix) {
-        List<Integer> order = new ArrayList<>();
-        for (int i = 0; i < p.length; i++) if (tokenText[i].startsWith(prefix)) order.add(i);
-        order.sort((a, b) -> Double.compare(p[b], p[a]));
-        return order.subList(0, Math.min(CANDIDATES, order.size()));
+    /** Grow the chain by greedy tokens (its first token at position `position`) until its word has ended or it
+     *  has MAX_EXTRA_TOKENS more tokens. */
+    private void extend(Chain chain, int position, String prefix, boolean midWord) {
+        for (int step = 0; step < MAX_EXTRA_TOKENS && decide(chain, chain.tokens.size(), prefix, midWord) == null; step++) {
+            float[] logits = model.forward(new int[] {chain.tokens.get(chain.tokens.size() - 1)}, position + step);
+            int t = argmax(logits);
+            chain.tokens.add(t);
+            chain.probs.add(probability(logits, t));
+        }
     }
 
-    private Suggestion extendToWord(int position, int first, double firstP, String prefix) {
-        List<Integer> ids = new ArrayList<>();
-        List<Double> probs = new ArrayList<>();
-        ids.add(first);
-        probs.add(firstP);
-        String text = tokenText[first];
-        for (int step = 0; step < MAX_EXTRA_TOKENS; step++) {
-            Matcher m = WORD.matcher(text.substring(prefix.length()));
-            if (m.find() && prefix.length() + m.group().length() < text.length()) break; // the word has ended
-            if (position + 1 > model.maxSeqLen()) break;
-            double[] p = Sampling.softmax(model.forward(new int[] {ids.get(ids.size() - 1)}, position++));
-            int next = Sampling.argmax(p);
-            ids.add(next);
-            probs.add(p[next]);
-            text = tokenizer.decode(ids.stream().mapToInt(Integer::intValue).toArray());
+    private String[] tokenTexts(int vocab) {
+        if (tokenText == null) {
+            tokenText = new String[vocab];
+            for (int i = 0; i < vocab; i++) tokenText[i] = tokenizer.decode(new int[] {i});
         }
-        Matcher m = WORD.matcher(text.length() >= prefix.length() ? text.substring(prefix.length()) : "");
-        if (!m.find()) return null;
-        double probability = 1;
-        for (int i = 0; i < ids.size(); i++) {
-            int start = tokenizer.decode(ids.subList(0, i).stream().mapToInt(Integer::intValue).toArray()).length();
-            if (i > 0 && start >= prefix.length() + m.group().length()) break;
-            probability *= probs.get(i);
+        return tokenText;
+    }
+
+    /** The end of a long text: whole blocks of a quarter of the context dropped from the start. */
+    static int[] contextWindow(int[] ids, int maxSeqLen) {
+        int limit = maxSeqLen - MAX_EXTRA_TOKENS;
+        if (ids.length <= limit) return ids;
+        int block = maxSeqLen / 4;
+        int drop = (ids.length - limit + block - 1) / block * block;
+        return Arrays.copyOfRange(ids, drop, ids.length);
+    }
+
+    static boolean isWordChar(int cp) {
+        if (cp == '_') return true;
+        switch (Character.getType(cp)) {
+            case Character.UPPERCASE_LETTER: case Character.LOWERCASE_LETTER: case Character.TITLECASE_LETTER:
+            case Character.MODIFIER_LETTER: case Character.OTHER_LETTER:
+            case Character.DECIMAL_DIGIT_NUMBER: case Character.LETTER_NUMBER: case Character.OTHER_NUMBER:
+                return true;
+            default:
+                return false;
         }
-        return new Suggestion(m.group(), m.group(), probability);
+    }
+
+    /** The word characters at the end of the text (the word being typed; "" after a space or a symbol). */
+    static String trailingWord(String text) {
+        int i = text.length();
+        while (i > 0 && isWordChar(text.codePointBefore(i))) i -= Character.charCount(text.codePointBefore(i));
+        return text.substring(i);
+    }
+
+    /** null while the word may go on (open), DEAD when no word can come out, else the word (probability 0). */
+    static Decision readWord(String continuation, boolean midWord) {
+        int end = continuation.length();
+        while (end > 0 && continuation.charAt(end - 1) == '\ufffd') end--; // bytes of a character still coming
+        String c = continuation.substring(0, end);
+        int i = 0;
+        if (!midWord) while (i < c.length() && SPACES.indexOf(c.charAt(i)) >= 0) i++;
+        int j = i;
+        while (j < c.length() && isWordChar(c.codePointAt(j))) j += Character.charCount(c.codePointAt(j));
+        if (j == c.length()) return null;
+        if (j == i) return DEAD;
+        return new Decision(c.substring(0, j), c.substring(i, j), c.substring(j), 0);
+    }
+
+    /** The decision on the chain's first k tokens, with the word's probability: the product over the tokens that
+     *  spell part of the word (not those of the ending alone). */
+    private Decision decide(Chain chain, int k, String prefix, boolean midWord) {
+        int[] ids = new int[k];
+        for (int i = 0; i < k; i++) ids[i] = chain.tokens.get(i);
+        if (tokenText[ids[k - 1]].isEmpty()) return DEAD; // a special token (end of text): no word follows
+        String text = tokenizer.decode(ids);
+        if (!text.startsWith(prefix)) return DEAD;
+        Decision read = readWord(text.substring(prefix.length()), midWord);
+        if (read == null || read == DEAD) return read;
+        int end = prefix.length() + read.insert.length();
+        double p = chain.probs.get(0);
+        for (int i = 1; i < k; i++) {
+            if (tokenizer.decode(Arrays.copyOf(ids, i)).length() >= end) break;
+            p *= chain.probs.get(i);
+        }
+        return new Decision(read.insert, read.word, read.ending, p);
+    }
+
+    /** decide() on the chain's shortest prefix that decides; null if the whole chain is still open. */
+    private Decision firstDecision(Chain chain, String prefix, boolean midWord) {
+        for (int k = 1; k <= chain.tokens.size(); k++) {
+            Decision d = decide(chain, k, prefix, midWord);
+            if (d != null) return d;
+        }
+        return null;
+    }
+
+    /** The CANDIDATES highest-logit tokens whose text starts with prefix (and is not empty); ties: lower id. */
+    private static List<Integer> firstTokens(float[] logits, String[] texts, String prefix) {
+        List<Integer> best = new ArrayList<>();
+        for (int t = 0; t < logits.length; t++) {
+            if (texts[t].isEmpty() || !texts[t].startsWith(prefix)) continue;
+            if (best.size() == CANDIDATES && !(logits[t] > logits[best.get(CANDIDATES - 1)])) continue;
+            if (best.size() == CANDIDATES) best.remove(CANDIDATES - 1);
+            int k = best.size();
+            while (k > 0 && logits[t] > logits[best.get(k - 1)]) k--;
+            best.add(k, t);
+        }
+        return best;
+    }
+
+    /** First maximum on ties, like numpy's argmax. */
+    private static int argmax(float[] logits) {
+        int best = 0;
+        for (int i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+
+    /** exp(logits[t] - max) / sum_j exp(logits[j] - max), in double (the same sum order as the page). */
+    private static double probability(float[] logits, int t) {
+        double max = Double.NEGATIVE_INFINITY, sum = 0;
+        for (float x : logits) max = Math.max(max, x);
+        for (float x : logits) sum += Math.exp(x - max);
+        return Math.exp(logits[t] - max) / sum;
     }
 }

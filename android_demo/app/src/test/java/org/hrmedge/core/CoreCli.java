@@ -7,6 +7,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
+import java.util.Map;
 import java.util.StringJoiner;
 
 /**
@@ -14,6 +15,9 @@ import java.util.StringJoiner;
  *   parity BUNDLE LOGITS PRECISION   logits: raw little-endian float32 [samples * seqLen * vocab]; prints JSON
  *   tokenize TOKENIZER_JSON TEXTS    texts: a JSON array of strings; prints one line of ids and one decoded
  *                                    JSON string per text
+ *   suggest TOKENIZER_JSON JOB       job: {vocab, allowed, max_seq_len, sequences: [[text, ...], ...]}; prints
+ *                                    the JSON array of each text's words [label, insert, probability, ending]
+ *                                    from WordSuggester on HashStepModel, one suggester (cache) per sequence
  */
 public final class CoreCli {
     private CoreCli() {}
@@ -35,10 +39,36 @@ public final class CoreCli {
                 System.out.println(line);
                 System.out.println(quote(tok.decode(ids)));
             }
+        } else if (args.length == 3 && args[0].equals("suggest")) {
+            ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
+            System.out.println(suggest(tok, Json.object(Json.parse(Files.readString(Path.of(args[2]), StandardCharsets.UTF_8)))));
         } else {
-            System.err.println("usage: CoreCli parity BUNDLE LOGITS PRECISION | tokenize TOKENIZER_JSON TEXTS_JSON");
+            System.err.println("usage: CoreCli parity BUNDLE LOGITS PRECISION | tokenize TOKENIZER_JSON TEXTS_JSON | "
+                    + "suggest TOKENIZER_JSON JOB_JSON");
             System.exit(2);
         }
+    }
+
+    static String suggest(ByteLevelBpe tok, Map<String, Object> job) {
+        List<Object> allowedList = Json.array(job.get("allowed"));
+        int[] allowed = new int[allowedList.size()];
+        for (int i = 0; i < allowed.length; i++) allowed[i] = (int) Json.number(allowedList.get(i));
+        StringJoiner sequences = new StringJoiner(",", "[", "]");
+        for (Object texts : Json.array(job.get("sequences"))) {
+            HashStepModel model = new HashStepModel((int) Json.number(job.get("vocab")), allowed,
+                    (int) Json.number(job.get("max_seq_len")));
+            WordSuggester suggester = new WordSuggester(model, tok);
+            StringJoiner steps = new StringJoiner(",", "[", "]");
+            for (Object text : Json.array(texts)) {
+                StringJoiner words = new StringJoiner(",", "[", "]");
+                for (WordSuggester.Suggestion w : suggester.suggest((String) text, 3)) {
+                    words.add("[" + quote(w.label) + "," + quote(w.insert) + "," + w.probability + "," + quote(w.ending) + "]");
+                }
+                steps.add(words.toString());
+            }
+            sequences.add(steps.toString());
+        }
+        return sequences.toString();
     }
 
     /** A JSON string literal (non-ASCII escaped, so the console encoding cannot alter it). */

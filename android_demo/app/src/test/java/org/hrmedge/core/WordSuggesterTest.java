@@ -1,6 +1,8 @@
 package org.hrmedge.core;
 
+import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertTrue;
 
 import java.util.ArrayList;
 import java.util.List;
@@ -18,10 +20,11 @@ public class WordSuggesterTest {
             java.util.Arrays.fill(logits, -20f);
             switch (tokens[tokens.length - 1]) {
                 case 5: logits[6] = 2f; logits[7] = 1f; logits[2] = 0f; break; // after "c": " a" > " b" > " "
-                case 6: logits[8] = 5f; break; // " a" -> "("
+                case 6: logits[8] = 1f; logits[3] = 0f; break; // " a" -> "(" (p 0.73: not part of the word)
                 case 7: logits[4] = 5f; break; // " b" -> "b"
                 case 4: logits[8] = 5f; break; // "b" -> "("
                 case 2: logits[5] = 5f; break; // " " -> "c"
+                case 3: logits[3] = 5f; break; // "a" -> "a" -> "a"...: a word that never ends
                 default: logits[8] = 5f;
             }
             return logits;
@@ -33,29 +36,77 @@ public class WordSuggesterTest {
         }
     }
 
-    @Test
-    public void ranksWordsByJointProbabilityAfterHealingTheTrailingSpace() {
-        FakeModel model = new FakeModel();
-        WordSuggester s = new WordSuggester(model, TestTokenizer.load());
-        List<WordSuggester.Suggestion> words = s.suggest("c ", 3);
-        List<String> inserts = new ArrayList<>();
-        for (WordSuggester.Suggestion w : words) inserts.add(w.insert);
-        // the text's trailing " " is taken back: candidates " a", " b", " " follow "c"
-        assertEquals(List.of("a", "bb", "c"), inserts);
-        double z = Math.exp(2) + Math.exp(1) + Math.exp(0) + 6 * Math.exp(-20);
-        assertEquals(Math.exp(2) / z * pNext(), words.get(0).probability, 1e-9); // " a" then "(" ends it
-        assertEquals(Math.exp(1) / z * pNext() * pNext(), words.get(1).probability, 1e-9); // " b", "b", "("
-        assertEquals("0:1", model.calls.get(0)); // the context "c" at position 0
+    static List<String> labels(List<WordSuggester.Suggestion> words) {
+        List<String> out = new ArrayList<>();
+        for (WordSuggester.Suggestion w : words) out.add(w.label + "|" + w.insert + "|" + w.ending);
+        return out;
     }
 
     @Test
-    public void reusesTheCachedPrefixWhenTyping() {
+    public void ranksWholeWordsByTheProbabilityOfTheirOwnTokens() {
+        FakeModel model = new FakeModel();
+        List<WordSuggester.Suggestion> words = new WordSuggester(model, TestTokenizer.load()).suggest("c ", 3);
+        // the text's trailing " " is taken back: chains " a" "(", " b" "b" "(", " " "c" " a" follow "c"
+        assertEquals(List.of("a|a|(", "bb|bb|(", "c|c| a"), labels(words));
+        double z = Math.exp(2) + Math.exp(1) + Math.exp(0) + 6 * Math.exp(-20);
+        assertEquals(Math.exp(2) / z, words.get(0).probability, 1e-12); // the ending "(" does not count
+        assertEquals(Math.exp(1) / z * pNext(), words.get(1).probability, 1e-12); // " b", "b"
+        assertEquals(Math.exp(0) / z * pNext(), words.get(2).probability, 1e-12); // " ", "c"
+        assertEquals("0:1", model.calls.get(0)); // the context "c" at position 0
+        assertTrue(model.calls.subList(1, model.calls.size()).stream().allMatch(c -> c.matches("[123]:1")));
+    }
+
+    @Test
+    public void reusesTheCacheAndTheChainsWhileTheContextIsUnchanged() {
         FakeModel model = new FakeModel();
         WordSuggester s = new WordSuggester(model, TestTokenizer.load());
         s.suggest("c a c ", 3); // "c", " a", " ", "c", " ": context = the first 4 tokens
         model.calls.clear();
-        s.suggest("c a c b", 3); // "c", " a", " ", "c", " b": the same context, a different healed token
-        assertEquals("3:1", model.calls.get(0)); // only the last context token runs again, at position 3
+        // "c", " a", " ", "c", " b": the same context; the chain of " b" was computed for the text above
+        assertEquals(List.of("bb|b|("), labels(s.suggest("c a c b", 3))); // mid-word: the completed word
+        assertEquals(List.of(), model.calls);
+    }
+
+    @Test
+    public void dropsAWordThatDoesNotEndWithinTheExtension() {
+        List<Integer> starts = new ArrayList<>();
+        WordSuggester.StepModel onlyA = new WordSuggester.StepModel() { // "a" after everything: words never end
+            @Override
+            public float[] forward(int[] tokens, int start) {
+                starts.add(start);
+                float[] logits = new float[9];
+                java.util.Arrays.fill(logits, -20f);
+                logits[3] = 5f;
+                return logits;
+            }
+
+            @Override
+            public int maxSeqLen() {
+                return 64;
+            }
+        };
+        // candidates " ", " a", " b" (ties: lower id first), each extended by MAX_EXTRA_TOKENS "a" and still open
+        assertEquals(List.of(), new WordSuggester(onlyA, TestTokenizer.load()).suggest("c ", 3));
+        assertEquals(1 + 3 * WordSuggester.MAX_EXTRA_TOKENS, starts.size());
+        assertEquals(List.of(0, 1, 2, 3, 4), starts.subList(0, 5)); // context, then one chain's positions
+    }
+
+    @Test
+    public void contextWindowDropsWholeBlocks() {
+        int[] ids = new int[77];
+        for (int i = 0; i < ids.length; i++) ids[i] = i;
+        assertEquals(60, WordSuggester.contextWindow(java.util.Arrays.copyOf(ids, 60), 64).length);
+        assertArrayEquals(java.util.Arrays.copyOfRange(ids, 16, 61),
+                WordSuggester.contextWindow(java.util.Arrays.copyOf(ids, 61), 64));
+        assertEquals(32, WordSuggester.contextWindow(ids, 64)[0]);
+    }
+
+    @Test
+    public void wordCharactersAreLettersNumbersAndUnderscore() {
+        assertEquals("foo_1", WordSuggester.trailingWord("x = foo_1"));
+        assertEquals("", WordSuggester.trailingWord("x = "));
+        assertEquals("é²", WordSuggester.trailingWord("(é²"));
+        assertTrue(!WordSuggester.isWordChar('-'));
     }
 
     /** Probability of the preferred token when its logit is 5 and the other 8 are -20. */
