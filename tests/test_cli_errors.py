@@ -79,7 +79,8 @@ COMMANDS = {
     "arm64": ("hrm_edge.verify.arm64_toolchain", "--no-pte"),
     "complete": ("hrm_edge.app.complete", "--artifacts --runtime --precision --max-new-tokens --temperature --top-k "
                  "--top-p --seed --threads --truncate --no-verify --speculative --draft-len --verbose"),
-    "demo": ("hrm_edge.app.demo", "--host --port --no-verify --quiet --verbose"),
+    "demo": ("hrm_edge.app.demo", "--host --port --no-verify --quiet --verbose --keyboard-bench --keyboard-chars "
+                                   "--keyboard-text"),
     "bench": ("hrm_edge.measure.bench", "--threads --seq-len --repeats --prompt-len --new-tokens --no-baseline --peers "
               "--rounds --no-weight-cache --json --no-verify --verbose"),
     "peers": ("hrm_edge.measure.peers", "--out --shape --build-only --threads --prompt-len --new-tokens --repeats "

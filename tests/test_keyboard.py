@@ -202,3 +202,32 @@ def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path):
     proc = java(classes, "org.hrmedge.core.CoreCli", "suggest", TOKENIZER, job)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_same_words(json.loads(proc.stdout), python_words(tokenizer, allowed), "WordSuggester.java")
+
+
+# ---- the eager step model (a checkpoint behind the KV graph's contract) ----
+def test_eager_step_model_batches_like_separate_rows():
+    import torch
+
+    from hrm_edge.model.eager import EagerStepModel
+    from test_model import make
+
+    model = make()
+    step = EagerStepModel(model)
+    prompt = np.array([[5, 17, 3, 44, 9]])
+    logits, k, v = step.run(prompt, *step.empty_past())
+    with torch.no_grad():
+        full = model(torch.from_numpy(prompt)).numpy()
+    np.testing.assert_allclose(logits, full, atol=1e-5)  # the cached form = the full-sequence model
+    batched, k2, _ = step.run(np.array([[7], [11]]), np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1))
+    assert k2.shape[1] == 2 and k2.shape[3] == 6
+    for b, t in enumerate((7, 11)):
+        np.testing.assert_allclose(batched[b], step.run(np.array([[t]]), k, v)[0][0], atol=1e-5)
+
+
+def test_shipped_checkpoint_completes_range(tokenizer):
+    from hrm_edge.model.checkpoint import load_model
+    from hrm_edge.model.eager import EagerStepModel
+
+    context = TypedContext(EagerStepModel(load_model(REPO / "hrm_edge" / "default_model")))
+    words = suggest_words(context, tokenizer, "for i in ra").words
+    assert words[0].label == "range" and words[0].insert == "nge" and words[0].probability > 0.1, words

@@ -2,6 +2,7 @@
 
     python -m hrm_edge.demo export/out                  # open the printed http://localhost:8000/
     python -m hrm_edge.demo export/out --host 0.0.0.0   # prints the address a phone on the same network opens
+    python -m hrm_edge.demo export/out --keyboard-bench # times the suggestion bar in headless Chromium, then exits
 
 The server only hands out files; the model runs in the browser. It serves the page (hrm_edge/app/web/), its two
 pinned JS packages (installed once with `npm ci` into ~/.cache/hrm-edge/web/, $XDG_CACHE_HOME honoured), and
@@ -18,11 +19,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_text
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.manifest import contained_path, manifest_json, read_manifest, verify_files
@@ -220,18 +223,29 @@ def main(argv=None) -> int:
                    help="serve the export's files without checking them against the manifest's sha256")
     p.add_argument("--quiet", action="store_true", help="do not log each request")
     p.add_argument("--verbose", action="store_true", help="show the runtimes' own warnings and log lines")
+    p.add_argument("--keyboard-bench", action="store_true",
+                   help="type held-out code (the built corpus's validation split) into the page's suggestion bar in "
+                        "headless Chromium at a phone viewport, print ms per keystroke, top-3 word accuracy and "
+                        "keystroke savings, and exit")
+    p.add_argument("--keyboard-chars", type=int, default=600, help="characters typed by --keyboard-bench (default 600)")
+    p.add_argument("--keyboard-text", type=Path, help="a text file for --keyboard-bench instead of held-out code")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
     if not 0 <= a.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {a.port}")
+    if a.keyboard_chars < 2:
+        raise UserError(f"--keyboard-chars must be at least 2, got {a.keyboard_chars}")
     manifest = read_manifest(a.dir)
     routes, config = export_routes(a.dir, manifest, verify=not a.no_verify)
     routes |= page_routes(web_packages())
-    handler = partial(DemoHandler, routes=routes, config=json.dumps(config).encode(), quiet=a.quiet)
+    handler = partial(DemoHandler, routes=routes, config=json.dumps(config).encode(), quiet=a.quiet or a.keyboard_bench)
+    host, port = ("127.0.0.1", 0) if a.keyboard_bench else (a.host, a.port)
     try:
-        server = ThreadingHTTPServer((a.host, a.port), handler)
+        server = ThreadingHTTPServer((host, port), handler)
     except OSError as e:
-        raise UserError(f"cannot listen on {a.host}:{a.port}: {e.strerror or e}") from None
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    if a.keyboard_bench:
+        return keyboard_bench(server, a)
     port = server.server_address[1]
     print(f"[demo] serving {a.dir} ({len(config['models'])} model(s); the model runs in the browser)")
     for url in addresses_to_open(a.host, port):
@@ -243,4 +257,23 @@ def main(argv=None) -> int:
         server.serve_forever()
     finally:
         server.server_close()
+    return 0
+
+
+def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
+    """--keyboard-bench: the page's default program typing held-out code (or --keyboard-text)."""
+    if a.keyboard_text is not None and not a.keyboard_text.is_file():
+        raise UserError(f"--keyboard-text file not found: {a.keyboard_text}")
+    text = (a.keyboard_text.read_text(encoding="utf-8")[: a.keyboard_chars] if a.keyboard_text
+            else heldout_text(a.keyboard_chars))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", text)
+    finally:
+        server.shutdown()
+        server.server_close()
+    print(f"[demo] keyboard bench: {r['characters']} characters typed one at a time, {r['browser']}")
+    print(f"ms per keystroke: median {r['median_ms']:.1f}, p90 {r['p90_ms']:.1f} (one WASM thread)")
+    print(f"top-3 next-word accuracy at {r['word_starts']} word starts: {r['top3_word_accuracy']:.1%}; keystroke "
+          f"savings {r['keystroke_savings']:.1%}; partial-word chips: {r['partial_chips']}")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hrm_edge.model.lm import CachedDraftForm, CachedVerifyForm, DecodeForm
+from hrm_edge.model.lm import CachedDraftForm, CachedVerifyForm, DecodeForm, FunctionalDecodeForm, empty_cache
 
 
 class EagerDecoder:
@@ -29,6 +29,27 @@ class EagerDecoder:
 
     def decode(self, token: int) -> np.ndarray:  # -> [V]
         return self.prefill(np.array([token]))[0]
+
+
+class EagerStepModel:
+    """The eager model as a step model of hrm_edge.runtime.suggest (the *.kv.onnx graph's contract, numpy in and
+    out): run(tokens [B, S], past_k, past_v [T, B, H, P, hd]) -> (logits [B, S, V], present_k, present_v)."""
+
+    def __init__(self, model, threads: int = 0):
+        if threads:
+            torch.set_num_threads(threads)
+        self.form = FunctionalDecodeForm(model.eval())
+        self.form.form = "loop"  # the same block applications; eager while_loop is traced anew for each shape
+        self.cfg, self.max_seq_len = model.cfg, model.cfg.max_seq_len
+
+    def empty_past(self) -> tuple[np.ndarray, np.ndarray]:  # [T, 1, H, 0, hd] each
+        return tuple(t.numpy() for t in empty_cache(self.cfg))
+
+    def run(self, tokens: np.ndarray, past_k: np.ndarray, past_v: np.ndarray):
+        with torch.no_grad():
+            out = self.form(torch.from_numpy(np.asarray(tokens, dtype=np.int64)), torch.from_numpy(past_k),
+                            torch.from_numpy(past_v))
+        return tuple(t.numpy() for t in out)
 
 
 class EagerSpeculativeDecoder(EagerDecoder):

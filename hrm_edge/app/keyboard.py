@@ -1,0 +1,99 @@
+"""The suggestion bar measured in a real browser: `python -m hrm_edge.demo EXPORT --keyboard-bench`.
+
+Serves the page as `python -m hrm_edge.demo` does, opens it in headless Chromium at a phone's viewport (one WASM
+thread, as a phone page without cross-origin isolation gets), and types held-out code one character at a time
+through the page's own suggestWords (hrm_edge/app/web/js/suggest.mjs). Reports the time per keystroke (median,
+p90), top-3 next-word accuracy at word starts and keystroke savings (keyboard_metrics), and checks that every
+chip is a whole word. Needs playwright (pip install '.[test]') and Debian's chromium.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hrm_edge.errors import UserError
+from hrm_edge.runtime.suggest import is_word_char
+
+CHROMIUM = "/usr/bin/chromium"
+# flags that work for Debian's chromium as root in a container (no sandbox, no GPU, no network chatter)
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
+# one suggestion call per prefix of the text, in the page; each call's words as [label, insert, probability, ending]
+TYPE_IN_PAGE = """async ({ text, model }) => {
+  const { TypedContext, suggestWords } = await import("/app/js/suggest.mjs");
+  const { state } = window.hrmDemo;
+  if (model) { // another of the page's programs, loaded as the page loads it
+    const { KvModel } = await import("/app/js/model.mjs");
+    const info = state.config.models.find((m) => m.id === model);
+    state.context = new TypedContext(await KvModel.load(info.url, state.config.max_seq_len));
+  }
+  const out = [{ ms: 0, words: [] }]; // nothing is suggested before the first key
+  for (let i = 1; i < text.length; i++) {
+    const r = await suggestWords(state.context, state.tokenizer, text.slice(0, i), 3);
+    out.push({ ms: r.ms, words: r.words.map((w) => [w.label, w.insert, w.probability, w.ending]) });
+  }
+  return out;
+}"""
+
+
+def heldout_text(chars: int) -> str:
+    """The first `chars` characters of the first validation document (hrm_edge.train.dataset.heldout_projects)."""
+    from hrm_edge.train.dataset import heldout_projects
+
+    projects = heldout_projects()
+    if not projects:
+        raise UserError("the built corpus has no validation documents")
+    return projects[sorted(projects)[0]][0][1][:chars]
+
+
+def keyboard_metrics(text: str, chips: list[list]) -> dict:
+    """chips[i]: the words shown after typing text[:i], each [label, insert, probability, ending] (or an object
+    with those attributes). top3_word_accuracy: at word starts (a word character after a non-word one), the share
+    where a chip inserts exactly the next word. keystroke_savings: 1 - keys / characters when a typist taps a chip
+    whenever one inserts the text's next characters up to the end of a word (the longest such chip), else types one
+    character. partial_chips: chips that are not a whole word (must be 0)."""
+    def fields(w):
+        return w if isinstance(w, (list, tuple)) else [w.label, w.insert, w.probability, w.ending]
+
+    def word_end(i):
+        while i < len(text) and is_word_char(text[i]):
+            i += 1
+        return i
+
+    starts = [i for i in range(1, len(text)) if is_word_char(text[i]) and not is_word_char(text[i - 1])]
+    hits = sum(any(fields(w)[1] == text[i:word_end(i)] for w in chips[i]) for i in starts)
+    pos = keys = 0
+    while pos < len(text):
+        taps = [len(ins) for _, ins, _, _ in map(fields, chips[pos]) if ins and text.startswith(ins, pos)
+                and (pos + len(ins) == len(text) or not is_word_char(text[pos + len(ins)]))]
+        pos += max(taps, default=1)
+        keys += 1
+    partial = [w for ws in chips for w in map(fields, ws)
+               if not (w[0] and all(map(is_word_char, w[0])) and w[3] and not is_word_char(w[3][0]))]
+    return {"characters": len(text), "word_starts": len(starts), "top3_word_accuracy": hits / max(len(starts), 1),
+            "keystroke_savings": 1 - keys / max(len(text), 1), "partial_chips": len(partial)}
+
+
+def browser_keyboard_bench(url: str, text: str, model: str | None = None) -> dict:
+    """Type `text` in the page served at `url` (its default program, or `model`: an artifact id such as
+    hrm.fp32.kv.onnx) and return keyboard_metrics plus median_ms / p90_ms per keystroke and the chips."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        raise UserError("the keyboard bench drives a browser with playwright: pip install '.[test]'") from None
+    if not Path(CHROMIUM).is_file():
+        raise UserError(f"{CHROMIUM} not found: apt-get install chromium (python -m hrm_edge.sysdeps does)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(**PHONE)
+        page.goto(url + "?threads=1")
+        page.wait_for_function("document.getElementById('status').dataset.ready === '1'", timeout=120_000)
+        steps = page.evaluate(TYPE_IN_PAGE, {"text": text, "model": model})
+        user_agent = page.evaluate("navigator.userAgent")
+        browser.close()
+    ms = np.array([s["ms"] for s in steps[1:]])
+    chips = [s["words"] for s in steps]
+    return {**keyboard_metrics(text, chips), "median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
+            "browser": user_agent, "chips": chips}
