@@ -131,7 +131,7 @@ def test_server_serves_its_table_only(tmp_path):
 
 
 # ---- the page in a real browser (slow) ----
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # shared with tests/test_keyboard.py
 def default_export(tmp_path_factory):
     """The shipped default model exported to ONNX only (fp32 + int8 KV graphs and their .ort; a few minutes)."""
     out = tmp_path_factory.mktemp("demo_export")

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import REPO
 from test_android_core import classes, java  # noqa: F401  (classes: the compiled Java core, a fixture)
+from test_demo import DemoServer, default_export  # noqa: F401  (default_export: a fixture)
 from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, is_word_char,
                                       read_word, suggest_words, trailing_word)
 from hrm_edge.train.tokenizer import load_tokenizer
@@ -112,6 +113,8 @@ def test_context_window_drops_whole_blocks():
     # 64 - MAX_EXTRA_TOKENS = 60 at most; a block is 16 ids: 61..76 ids drop 16, 77..92 drop 32
     assert context_window(ids[:61], 64) == ids[16:61] and context_window(ids[:76], 64) == ids[16:76]
     assert context_window(ids[:77], 64) == ids[32:77]
+    # a longer context is read up to CONTEXT_TOKENS (128): limit 124, blocks of 32
+    assert context_window(ids, 256) == ids[:100] and context_window(list(range(200)), 256) == list(range(96, 200))
 
 
 def test_only_whole_words_ranked_by_probability(tokenizer, allowed):
@@ -231,3 +234,45 @@ def test_shipped_checkpoint_completes_range(tokenizer):
     context = TypedContext(EagerStepModel(load_model(REPO / "hrm_edge" / "default_model")))
     words = suggest_words(context, tokenizer, "for i in ra").words
     assert words[0].label == "range" and words[0].insert == "nge" and words[0].probability > 0.1, words
+
+
+# ---- the page in a real browser (slow) ----
+# typed when no corpus is built (python -m hrm_edge.corpus gives the validation split): code the model never saw
+FALLBACK_TEXT = (
+    "import json\nimport logging\nfrom pathlib import Path\n\nlogger = logging.getLogger(__name__)\n\n\n"
+    "class Settings:\n    def __init__(self, path):\n        self.path = Path(path)\n        self.values = {}\n\n"
+    "    def load(self):\n        if not self.path.exists():\n            logger.warning(\"no settings file: %s\", self.path)\n"
+    "            return self.values\n        with open(self.path) as f:\n            self.values = json.load(f)\n"
+    "        return self.values\n\n    def get(self, name, default=None):\n        return self.values.get(name, default)\n\n"
+    "    def save(self):\n        with open(self.path, \"w\") as f:\n            json.dump(self.values, f, indent=2)\n")
+
+
+@pytest.mark.slow
+def test_browser_keyboard_bench(default_export, tokenizer):
+    """The page's suggestWords typing code at a phone viewport: whole words only, the same chips as Python's
+    onnxruntime on the same int8 graph, and the figures (printed; speed goals are not asserted here)."""
+    from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_text
+    from hrm_edge.errors import UserError
+    from hrm_edge.runtime.suggest import OnnxStepModel
+
+    try:
+        text = heldout_text(600)
+    except UserError:
+        text = FALLBACK_TEXT
+    server = DemoServer(default_export)
+    try:
+        r = browser_keyboard_bench(server.url, text)
+    finally:
+        server.close()
+    print({k: r[k] for k in ("model", "characters", "median_ms", "p90_ms", "top3_word_accuracy", "keystroke_savings")})
+    assert r["partial_chips"] == 0 and r["word_starts"] > 40
+    assert r["top3_word_accuracy"] > 0.1 and r["keystroke_savings"] > 0.05, r
+    # Python on the same int8 graph, every 20th keystroke: the same chips (probabilities within 1e-3: other kernels)
+    context, same = TypedContext(OnnxStepModel(default_export / r["model"], threads=1)), 0
+    checked = range(20, len(text), 20)
+    for i in checked:
+        words = [[w.label, w.insert, w.probability, w.ending] for w in suggest_words(context, tokenizer, text[:i]).words]
+        page = r["chips"][i]
+        same += [w[:2] for w in words] == [w[:2] for w in page] and all(
+            abs(a[2] - b[2]) <= 1e-3 * b[2] for a, b in zip(page, words))
+    assert same >= 0.9 * len(checked), (same, len(checked))

@@ -272,7 +272,7 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     finally:
         server.shutdown()
         server.server_close()
-    print(f"[demo] keyboard bench: {r['characters']} characters typed one at a time, {r['browser']}")
+    print(f"[demo] keyboard bench: {r['model']}, {r['characters']} characters typed one at a time, {r['browser']}")
     print(f"ms per keystroke: median {r['median_ms']:.1f}, p90 {r['p90_ms']:.1f} (one WASM thread)")
     print(f"top-3 next-word accuracy at {r['word_starts']} word starts: {r['top3_word_accuracy']:.1%}; keystroke "
           f"savings {r['keystroke_savings']:.1%}; partial-word chips: {r['partial_chips']}")

@@ -29,12 +29,12 @@ TYPE_IN_PAGE = """async ({ text, model }) => {
     const info = state.config.models.find((m) => m.id === model);
     state.context = new TypedContext(await KvModel.load(info.url, state.config.max_seq_len));
   }
-  const out = [{ ms: 0, words: [] }]; // nothing is suggested before the first key
+  const steps = [{ ms: 0, words: [] }]; // nothing is suggested before the first key
   for (let i = 1; i < text.length; i++) {
     const r = await suggestWords(state.context, state.tokenizer, text.slice(0, i), 3);
-    out.push({ ms: r.ms, words: r.words.map((w) => [w.label, w.insert, w.probability, w.ending]) });
+    steps.push({ ms: r.ms, words: r.words.map((w) => [w.label, w.insert, w.probability, w.ending]) });
   }
-  return out;
+  return { steps, model: model ?? state.modelInfo.id, userAgent: navigator.userAgent };
 }"""
 
 
@@ -78,7 +78,8 @@ def keyboard_metrics(text: str, chips: list[list]) -> dict:
 
 def browser_keyboard_bench(url: str, text: str, model: str | None = None) -> dict:
     """Type `text` in the page served at `url` (its default program, or `model`: an artifact id such as
-    hrm.fp32.kv.onnx) and return keyboard_metrics plus median_ms / p90_ms per keystroke and the chips."""
+    hrm.fp32.kv.onnx) and return keyboard_metrics plus median_ms / p90_ms per keystroke, the chips after each prefix
+    of the text, the program and the browser."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -90,10 +91,9 @@ def browser_keyboard_bench(url: str, text: str, model: str | None = None) -> dic
         page = browser.new_page(**PHONE)
         page.goto(url + "?threads=1")
         page.wait_for_function("document.getElementById('status').dataset.ready === '1'", timeout=120_000)
-        steps = page.evaluate(TYPE_IN_PAGE, {"text": text, "model": model})
-        user_agent = page.evaluate("navigator.userAgent")
+        out = page.evaluate(TYPE_IN_PAGE, {"text": text, "model": model})
         browser.close()
-    ms = np.array([s["ms"] for s in steps[1:]])
-    chips = [s["words"] for s in steps]
+    ms = np.array([s["ms"] for s in out["steps"][1:]])
+    chips = [s["words"] for s in out["steps"]]
     return {**keyboard_metrics(text, chips), "median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
-            "browser": user_agent, "chips": chips}
+            "browser": out["userAgent"], "model": out["model"], "chips": chips}

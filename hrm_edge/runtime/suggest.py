@@ -23,6 +23,7 @@ from hrm_edge.runtime.decoders import ort_session
 
 CANDIDATES = 6  # first tokens tried
 MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must be seen to end within them
+CONTEXT_TOKENS = 128  # the most context a suggestion reads: as accurate as 256 on held-out code, at half the cost
 SPACES = " \t\n\r\f\v"
 
 
@@ -128,12 +129,14 @@ def read_word(continuation: str, mid_word: bool):
 
 
 def context_window(ids: list[int], max_seq_len: int) -> list[int]:
-    """The end of a long text: when the ids do not leave room for the extension, whole blocks of a quarter of
-    the context are dropped from the start (so the window, and its cache, stays the same for many keys)."""
-    limit = max_seq_len - MAX_EXTRA_TOKENS
+    """The end of a long text: when the ids do not leave room for the extension within CONTEXT_TOKENS, whole
+    blocks of a quarter of that are dropped from the start (so the window, and its cache, stays the same for
+    many keys)."""
+    span = min(max_seq_len, CONTEXT_TOKENS)
+    limit = span - MAX_EXTRA_TOKENS
     if len(ids) <= limit:
         return ids
-    block = max_seq_len // 4
+    block = span // 4
     return ids[-(-(len(ids) - limit) // block) * block:]
 
 

@@ -7,7 +7,10 @@ import { loadWebBundle, selfTest } from "./selftest.mjs";
 import { TypedContext, suggestWords } from "./suggest.mjs";
 
 const $ = (id) => document.getElementById(id);
-const SUGGEST_DEBOUNCE_MS = 120; // wait for a pause in typing: one suggestion run per burst of keys
+// A run starts this long after the last key (docs/keyboard.md, Measurements): shorter than the gap between a
+// phone typist's keys (~150-300 ms), so the chips follow every key with the run's time added; keys closer than
+// this (auto-repeat, a paste) share one run.
+const SUGGEST_DEBOUNCE_MS = 30;
 const state = { config: null, tokenizer: null, model: null, modelInfo: null, context: null, bundle: null,
                 busy: false, stop: false, suggestTimer: 0, suggesting: null };
 // read by tests/test_demo.py (and handy in the browser console)

