@@ -247,13 +247,21 @@ FALLBACK_TEXT = (
     "    def save(self):\n        with open(self.path, \"w\") as f:\n            json.dump(self.values, f, indent=2)\n")
 
 
+def python_chips(path, tokenizer, text: str, every: int) -> dict:
+    """Python onnxruntime's chips for every `every`-th prefix of text: {i: [[label, insert, probability], ...]}."""
+    from hrm_edge.runtime.suggest import OnnxStepModel
+
+    context = TypedContext(OnnxStepModel(path, threads=1))
+    return {i: [[w.label, w.insert, w.probability] for w in suggest_words(context, tokenizer, text[:i]).words]
+            for i in range(every, len(text), every)}
+
+
 @pytest.mark.slow
 def test_browser_keyboard_bench(default_export, tokenizer):
-    """The page's suggestWords typing code at a phone viewport: whole words only, the same chips as Python's
-    onnxruntime on the same int8 graph, and the figures (printed; speed goals are not asserted here)."""
+    """The page's suggestWords typing code at a phone viewport: whole words only, Python onnxruntime's chips on the
+    same graphs, and the figures (printed; speed goals are not asserted here)."""
     from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_text
     from hrm_edge.errors import UserError
-    from hrm_edge.runtime.suggest import OnnxStepModel
 
     try:
         text = heldout_text(600)
@@ -261,18 +269,21 @@ def test_browser_keyboard_bench(default_export, tokenizer):
         text = FALLBACK_TEXT
     server = DemoServer(default_export)
     try:
-        r = browser_keyboard_bench(server.url, text)
+        r = browser_keyboard_bench(server.url, text)  # the page's default program: int8
+        fp32 = browser_keyboard_bench(server.url, text[:100], model="hrm.fp32.kv.onnx")
     finally:
         server.close()
     print({k: r[k] for k in ("model", "characters", "median_ms", "p90_ms", "top3_word_accuracy", "keystroke_savings")})
-    assert r["partial_chips"] == 0 and r["word_starts"] > 40
+    assert r["partial_chips"] == fp32["partial_chips"] == 0 and r["word_starts"] > 40
     assert r["top3_word_accuracy"] > 0.1 and r["keystroke_savings"] > 0.05, r
-    # Python on the same int8 graph, every 20th keystroke: the same chips (probabilities within 1e-3: other kernels)
-    context, same = TypedContext(OnnxStepModel(default_export / r["model"], threads=1)), 0
-    checked = range(20, len(text), 20)
-    for i in checked:
-        words = [[w.label, w.insert, w.probability, w.ending] for w in suggest_words(context, tokenizer, text[:i]).words]
-        page = r["chips"][i]
-        same += [w[:2] for w in words] == [w[:2] for w in page] and all(
-            abs(a[2] - b[2]) <= 1e-3 * b[2] for a, b in zip(page, words))
-    assert same >= 0.9 * len(checked), (same, len(checked))
+    # fp32: the same chips as Python (probabilities within 1e-4: the same graph, other kernels and batch shapes)
+    for i, words in python_chips(default_export / "hrm.fp32.kv.onnx", tokenizer, text[:100], 5).items():
+        page = fp32["chips"][i]
+        assert [w[:2] for w in page] == [w[:2] for w in words], (text[:i], page, words)
+        assert all(abs(a[2] - b[2]) <= 1e-4 * b[2] for a, b in zip(page, words)), (text[:i], page, words)
+    # int8: the two runtimes' int8 kernels differ (probabilities by up to ~7% on 2026-12-01), so near-ties may swap
+    int8 = python_chips(default_export / r["model"], tokenizer, text, 20)
+    same = sum([w[:2] for w in r["chips"][i]] == [w[:2] for w in words] for i, words in int8.items())
+    top1 = sum(bool(words and r["chips"][i]) and r["chips"][i][0][:2] == words[0][:2] for i, words in int8.items())
+    print(f"int8, page vs Python: the same chips at {same} of {len(int8)} prefixes, the same first chip at {top1}")
+    assert same >= 0.75 * len(int8) and top1 >= 0.9 * sum(bool(w) for w in int8.values()), (same, top1, len(int8))
