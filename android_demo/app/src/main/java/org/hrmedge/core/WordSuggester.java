@@ -64,7 +64,7 @@ public final class WordSuggester {
     }
 
     private static final Decision DEAD = new Decision("", "", "", 0);
-    static final int CANDIDATES = 6, MAX_EXTRA_TOKENS = 4;
+    static final int CANDIDATES = 4, MAX_EXTRA_TOKENS = 4;
     /** The most context a suggestion reads: as accurate as 256 tokens on held-out code, at half the cost. */
     static final int CONTEXT_TOKENS = 128;
     private static final String SPACES = " \t\n\r\f\013"; // \013: vertical tab
