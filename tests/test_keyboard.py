@@ -153,15 +153,21 @@ def test_batched_steps_and_reused_chains(tokenizer, allowed):
 
 
 def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monkeypatch):
-    """With no extra tokens allowed, only first tokens that carry their own ending (" os(") can give a word."""
+    """With no extra tokens allowed, a word comes only from a first token that holds its own ending (" os(")."""
     import hrm_edge.runtime.suggest as suggest
 
-    monkeypatch.setattr(suggest, "MAX_EXTRA_TOKENS", 0)
+    texts = set(tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())]))
     model = HashStepModel(allowed, tokenizer.get_vocab_size())
-    for text in ("import o", "x = ", "def f("):
-        for w in suggest_words(TypedContext(model), tokenizer, text).words:
-            assert w.ending and len(tokenizer.encode(w.insert + w.ending, add_special_tokens=False).ids) >= 1
-    assert all(b == 1 for b, _ in model.calls)  # no extension steps ran
+    with_budget = [suggest_words(TypedContext(model), tokenizer, t).words for t in ("import o", "x = ", "def f(")]
+    monkeypatch.setattr(suggest, "MAX_EXTRA_TOKENS", 0)
+    model.calls.clear()
+    found = 0
+    for text, wider in zip(("import o", "x = ", "def f("), with_budget):
+        prefix = tokenizer.decode(tokenizer.encode(text, add_special_tokens=False).ids[-1:])
+        words = suggest_words(TypedContext(model), tokenizer, text).words
+        assert all(prefix + w.insert + w.ending in texts for w in words), (text, words)  # one token each
+        found += len(words) < len(wider) or words != wider
+    assert all(b == 1 for b, _ in model.calls) and found  # no extension steps ran; the budget mattered
 
 
 # ---- the same words from JS (node) and Java ----

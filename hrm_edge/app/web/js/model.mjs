@@ -4,8 +4,8 @@
 //   inputs  tokens int64 [B, S], past_k / past_v float32 [T, B, H, P, hd]
 //   outputs logits float32 [B, S, V], present_k / present_v [T, B, H, P + S, hd]
 // A call's presents are the next call's pasts. Pasts are immutable values, so branching (trying several
-// next tokens for suggestions) is just calling again with the same past. Python twin: hrm_edge/runtime/decoders.py
-// OnnxDecoder.
+// next tokens for suggestions) is calling again with the same past, or once with it tiled along the batch axis
+// (pastRows). Python twin: hrm_edge/runtime/decoders.py OnnxDecoder.
 import * as ort from "onnxruntime-web";
 import { Tokenizer } from "@huggingface/tokenizers";
 
