@@ -59,10 +59,14 @@ const isWordChar = (ch) => WORD_CHAR.test(ch);
 
 // The word characters at the end of `text` (the word being typed; "" after a space or a symbol).
 export function trailingWord(text) {
-  const chars = [...text];
-  let i = chars.length;
-  while (i > 0 && isWordChar(chars[i - 1])) i--;
-  return chars.slice(i).join("");
+  let i = text.length;
+  while (i > 0) {
+    const low = text.charCodeAt(i - 1);
+    const size = i > 1 && low >= 0xdc00 && low <= 0xdfff ? 2 : 1; // a surrogate pair is one code point
+    if (!isWordChar(text.slice(i - size, i))) break;
+    i -= size;
+  }
+  return text.slice(i);
 }
 
 // What a continuation of the typed text says: null while the word may go on (open), "" when no word can come
