@@ -14,7 +14,7 @@ from conftest import REPO
 from test_android_core import classes, java  # noqa: F401  (classes: the compiled Java core, a fixture)
 from test_demo import DemoServer, default_export  # noqa: F401  (default_export: a fixture)
 from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, is_word_char,
-                                      read_word, suggest_words, trailing_word)
+                                      keyboard_metrics, read_word, suggest_words, trailing_word)
 from hrm_edge.train.tokenizer import load_tokenizer
 
 TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
@@ -105,6 +105,17 @@ def test_read_word():
     assert read_word("é\ufffd(", True) == ("é", "é", "\ufffd(")  # a U+FFFD inside the text is a character
     assert trailing_word("x = foo_1") == "foo_1" and trailing_word("x = ") == "" and trailing_word("") == ""
     assert is_word_char("é") and is_word_char("_") and is_word_char("²") and not is_word_char("-")
+
+
+def test_keyboard_metrics():
+    text = "a foo bar"  # word starts at 2 and 6
+    chips = [[] for _ in text]
+    chips[2] = [["foo", "foo", 0.5, " "]]  # the next word: a hit, and a tap for 3 characters
+    chips[6] = [["baz", "baz", 0.1, " "]]
+    chips[7] = [["bar", "r", 0.1, "x"]]  # would not end the text's word "bar" there; a partial word (ending "x")
+    m = keyboard_metrics(text, chips)
+    assert m["word_starts"] == 2 and m["top3_word_accuracy"] == 0.5 and m["partial_chips"] == 1
+    assert m["keystroke_savings"] == pytest.approx(1 - 7 / 9)  # 6 characters typed + 1 tap
 
 
 def test_context_window_drops_whole_blocks():

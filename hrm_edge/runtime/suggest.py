@@ -247,3 +247,31 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
             merged[insert] = Word(partial + word if partial else word, insert, probability, ending)
     words = sorted(merged.values(), key=lambda w: -w.probability)[:n]  # stable: ties keep candidate order
     return Suggestions(words, (time.perf_counter() - start) * 1000)
+
+
+def keyboard_metrics(text: str, chips: list[list]) -> dict:
+    """chips[i]: the words shown after typing text[:i], each [label, insert, probability, ending] (or an object
+    with those attributes). top3_word_accuracy: at word starts (a word character after a non-word one), the share
+    where a chip inserts exactly the next word. keystroke_savings: 1 - keys / characters when a typist taps a chip
+    whenever one inserts the text's next characters up to the end of a word (the longest such chip), else types one
+    character. partial_chips: chips that are not a whole word (must be 0)."""
+    def fields(w):
+        return w if isinstance(w, (list, tuple)) else [w.label, w.insert, w.probability, w.ending]
+
+    def word_end(i):
+        while i < len(text) and is_word_char(text[i]):
+            i += 1
+        return i
+
+    starts = [i for i in range(1, len(text)) if is_word_char(text[i]) and not is_word_char(text[i - 1])]
+    hits = sum(any(fields(w)[1] == text[i:word_end(i)] for w in chips[i]) for i in starts)
+    pos = keys = 0
+    while pos < len(text):
+        taps = [len(ins) for _, ins, _, _ in map(fields, chips[pos]) if ins and text.startswith(ins, pos)
+                and (pos + len(ins) == len(text) or not is_word_char(text[pos + len(ins)]))]
+        pos += max(taps, default=1)
+        keys += 1
+    partial = [w for ws in chips for w in map(fields, ws)
+               if not (w[0] and all(map(is_word_char, w[0])) and w[3] and not is_word_char(w[3][0]))]
+    return {"characters": len(text), "word_starts": len(starts), "top3_word_accuracy": hits / max(len(starts), 1),
+            "keystroke_savings": 1 - keys / max(len(text), 1), "partial_chips": len(partial)}
