@@ -1,14 +1,30 @@
 """Adaptive depth: a token exits after the first outer cycle when a halting rule says so, its skipped applications'
 keys/values taken from the same role's first-cycle ones. The token-by-token eager decoder and the teacher-forced
 all-positions pass must compute the same logits and depths."""
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
 from hrm_edge.config import ModelConfig
+from hrm_edge.model.checkpoint import HALTING, TOKENIZER, load_halting_head, save_model
 from hrm_edge.model.eager import EagerAdaptiveDecoder, EagerDecoder
-from hrm_edge.model.lm import HRMLM, HaltingHead, HaltingRule, adaptive_forward
+from hrm_edge.model.lm import HRMLM, HaltingHead, HaltingRule, adaptive_forward, run_first_cycle
 from hrm_edge.runtime.decoders import decode_logits, generate
+from hrm_edge.train.halting import fit_head, head_report, train_halting_head
+
+SHIPPED = REPO / "hrm_edge" / "default_model"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread is faster than several on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 TOKENS = [4, 8, 15, 16, 23, 42, 7, 1, 30, 2, 9, 60, 33, 5, 5, 12, 50, 3, 21, 44]
 
@@ -27,8 +43,6 @@ def middle_threshold(model, rule_head=None) -> float:
     """A threshold that some positions pass and some do not: the median score."""
     rule = HaltingRule(0.0, rule_head)
     with torch.no_grad():
-        from hrm_edge.model.lm import run_first_cycle
-
         first = run_first_cycle(model, torch.tensor([TOKENS]))
         return float(rule.scores(model, first.output_state(model), first.logits)[0, 2:].median())
 
@@ -77,3 +91,31 @@ def test_everything_exits_is_the_first_cycle():
     with torch.no_grad():
         one_cycle = model(torch.tensor([TOKENS]), n_cycles=1)[0].numpy()
     np.testing.assert_allclose(logits[1:], one_cycle[1:], atol=1e-5, rtol=0)
+
+
+def test_fit_head_learns_a_separable_target():
+    torch.manual_seed(0)
+    feats = torch.randn(4000, 10)
+    targets = (feats[:, 3] - 0.5 * feats[:, 7] > 0.2).float()
+    head = fit_head(feats[:3000], targets[:3000], steps=150, lr=0.05)
+    report = head_report(head, feats[3000:], targets[3000:])
+    assert report["accuracy"] > 0.95 and report["bce"] < 0.2
+
+
+def test_train_halting_head_writes_only_its_file(tmp_path):
+    """On a tiny checkpoint and a folder corpus: halting.safetensors appears, the model's files do not change, the
+    head loads and predicts at least as well as the majority class on held-back windows."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=4096, d_model=32, n_heads=2, H_cycles=2, L_cycles=1, max_seq_len=64, ffn_hidden=64)
+    save_model(ckpt, HRMLM(cfg))
+    shutil.copy(SHIPPED / TOKENIZER, ckpt / TOKENIZER)
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    corpus = REPO / "hrm_edge" / "model"  # a text folder: its training split
+    report = train_halting_head(ckpt, str(corpus), windows=20, seq_len=64, log=lambda *_: None)
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir() if p.name != HALTING} == before
+    head = load_halting_head(ckpt, cfg.d_model)
+    assert sum(p.numel() for p in head.parameters()) == cfg.d_model + 3
+    assert report["examples"] == 2 * 64 and 0 <= report["agree_rate"] <= 1
+    assert report["accuracy"] >= max(report["agree_rate"], 1 - report["agree_rate"]) - 0.05
