@@ -9,11 +9,14 @@ import torch
 
 from conftest import REPO
 from hrm_edge.config import ModelConfig
-from hrm_edge.model.checkpoint import HALTING, TOKENIZER, load_halting_head, save_model
+from hrm_edge.measure.adaptive import MAX_BPB_RATIO, THRESHOLDS, CurvePoint, depth_curve, pick_default, render_curve
+from hrm_edge.measure.evaluate import ProjectText, project_bits
+from hrm_edge.model.checkpoint import HALTING, TOKENIZER, load_halting_head, load_model, save_model
 from hrm_edge.model.eager import EagerAdaptiveDecoder, EagerDecoder
 from hrm_edge.model.lm import HRMLM, HaltingHead, HaltingRule, adaptive_forward, run_first_cycle
 from hrm_edge.runtime.decoders import decode_logits, generate
 from hrm_edge.train.halting import fit_head, head_report, train_halting_head
+from hrm_edge.train.tokenizer import load_tokenizer
 
 SHIPPED = REPO / "hrm_edge" / "default_model"
 
@@ -102,10 +105,11 @@ def test_fit_head_learns_a_separable_target():
     assert report["accuracy"] > 0.95 and report["bce"] < 0.2
 
 
-def test_train_halting_head_writes_only_its_file(tmp_path):
-    """On a tiny checkpoint and a folder corpus: halting.safetensors appears, the model's files do not change, the
-    head loads and predicts at least as well as the majority class on held-back windows."""
-    ckpt = tmp_path / "ckpt"
+@pytest.fixture(scope="module")
+def tiny_checkpoint_with_head(tmp_path_factory):
+    """A tiny random checkpoint (the shipped tokenizer) and its halting head, trained on a folder corpus; returns
+    (folder, the model files' bytes before the head was trained, the head's report)."""
+    ckpt = tmp_path_factory.mktemp("adaptive") / "ckpt"
     ckpt.mkdir()
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=4096, d_model=32, n_heads=2, H_cycles=2, L_cycles=1, max_seq_len=64, ffn_hidden=64)
@@ -114,8 +118,44 @@ def test_train_halting_head_writes_only_its_file(tmp_path):
     before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
     corpus = REPO / "hrm_edge" / "model"  # a text folder: its training split
     report = train_halting_head(ckpt, str(corpus), windows=20, seq_len=64, log=lambda *_: None)
+    return ckpt, before, report
+
+
+def test_train_halting_head_writes_only_its_file(tiny_checkpoint_with_head):
+    """halting.safetensors appears, the model's files do not change, the head loads and predicts at least as well as
+    the majority class on held-back windows."""
+    ckpt, before, report = tiny_checkpoint_with_head
     assert {p.name: p.read_bytes() for p in ckpt.iterdir() if p.name != HALTING} == before
-    head = load_halting_head(ckpt, cfg.d_model)
-    assert sum(p.numel() for p in head.parameters()) == cfg.d_model + 3
+    head = load_halting_head(ckpt, 32)
+    assert sum(p.numel() for p in head.parameters()) == 32 + 3
     assert report["examples"] == 2 * 64 and 0 <= report["agree_rate"] <= 1
     assert report["accuracy"] >= max(report["agree_rate"], 1 - report["agree_rate"]) - 0.05
+
+
+def test_depth_curve(tiny_checkpoint_with_head):
+    """Full depth's row is evaluate's bpb; exits fall as the threshold rises; each rule's default is the most-exiting
+    threshold within the allowance."""
+    ckpt = tiny_checkpoint_with_head[0]
+    texts = [(REPO / "hrm_edge" / "model" / name).read_text()[:1500] for name in ("eager.py", "checkpoint.py")]
+    projects = [ProjectText("a", texts[:1]), ProjectText("b", texts[1:])]
+    record = depth_curve(ckpt, projects, seq_len=48, log=lambda *_: None)
+    points = record["points"]
+    model, tok = load_model(ckpt), load_tokenizer(ckpt / TOKENIZER)
+    bits = sum(project_bits(model, tok, p.texts, 48, None) for p in projects)
+    assert points[0]["rule"] == "full" and points[0]["exit_rate"] == 0
+    assert points[0]["bpb"] == pytest.approx(bits / sum(p.bytes for p in projects), rel=1e-5)
+    for rule in ("top_prob", "halting_head"):
+        curve = [p for p in points if p["rule"] == rule]
+        assert [p["threshold"] for p in curve] == list(THRESHOLDS[rule])
+        assert all(a["exit_rate"] >= b["exit_rate"] for a, b in zip(curve, curve[1:]))
+        assert all(p["tokens_per_s"] > 0 and 0 <= p["decode_exit_rate"] <= 1 for p in curve)
+        ok = [p for p in curve if p["bpb_ratio"] <= MAX_BPB_RATIO]
+        assert record["defaults"][rule] == (max(ok, key=lambda p: p["exit_rate"]) if ok else None)
+    assert "| top_prob | 0.5 |" in render_curve(record)
+
+
+def test_pick_default():
+    points = [CurvePoint("full", None, 0, 1.0, 1.0)] + [
+        CurvePoint("top_prob", t, e, 1.0 * r, r) for t, e, r in ((0.5, 0.5, 1.02), (0.7, 0.3, 1.004), (0.9, 0.1, 1.0))]
+    assert pick_default(points, "top_prob").threshold == 0.7
+    assert pick_default(points, "halting_head") is None
