@@ -1,6 +1,8 @@
 """Adaptive depth: a token exits after the first outer cycle when a halting rule says so, its skipped applications'
 keys/values taken from the same role's first-cycle ones. The token-by-token eager decoder and the teacher-forced
 all-positions pass must compute the same logits and depths."""
+import dataclasses
+import json
 import shutil
 
 import numpy as np
@@ -8,13 +10,16 @@ import pytest
 import torch
 
 from conftest import REPO
+from hrm_edge.app.complete import main as complete_main
 from hrm_edge.config import ModelConfig
+from hrm_edge.errors import UserError
 from hrm_edge.measure.adaptive import MAX_BPB_RATIO, THRESHOLDS, CurvePoint, depth_curve, pick_default, render_curve
 from hrm_edge.measure.evaluate import ProjectText, project_bits
 from hrm_edge.model.checkpoint import HALTING, TOKENIZER, load_halting_head, load_model, save_model
 from hrm_edge.model.eager import EagerAdaptiveDecoder, EagerDecoder
 from hrm_edge.model.lm import HRMLM, HaltingHead, HaltingRule, adaptive_forward, run_first_cycle
 from hrm_edge.runtime.decoders import decode_logits, generate
+from hrm_edge.runtime.manifest import MANIFEST_FORMAT, sha256_file
 from hrm_edge.train.halting import fit_head, head_report, train_halting_head
 from hrm_edge.train.tokenizer import load_tokenizer
 
@@ -159,3 +164,33 @@ def test_pick_default():
         CurvePoint("top_prob", t, e, 1.0 * r, r) for t, e, r in ((0.5, 0.5, 1.02), (0.7, 0.3, 1.004), (0.9, 0.1, 1.0))]
     assert pick_default(points, "top_prob").threshold == 0.7
     assert pick_default(points, "halting_head") is None
+
+
+def eager_export(folder, model):
+    """The smallest folder complete --runtime eager accepts: a manifest naming the tokenizer and the checkpoint."""
+    folder.mkdir()
+    save_model(folder, model)
+    shutil.copy(SHIPPED / TOKENIZER, folder / TOKENIZER)
+    manifest = {"format_version": MANIFEST_FORMAT, "model": dataclasses.asdict(model.cfg), "artifacts": [],
+                "tokenizer": {"path": TOKENIZER, "sha256": sha256_file(folder / TOKENIZER)},
+                "checkpoint": {"config": "config.json", "weights": "model.safetensors",
+                               "weights_sha256": sha256_file(folder / "model.safetensors")}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_complete_exit_threshold(tmp_path, capsys):
+    """complete --exit-threshold: above every probability the text is plain greedy's; at 0 every decode step exits."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=4096, d_model=32, n_heads=2, H_cycles=2, L_cycles=1, max_seq_len=64, ffn_hidden=64)
+    out = eager_export(tmp_path / "export", HRMLM(cfg))
+    runs = {}
+    for extra in ((), ("--exit-threshold", "1.5"), ("--exit-threshold", "0")):
+        assert complete_main(["--artifacts", str(out), "--runtime", "eager", "--max-new-tokens", "12", *extra,
+                              "def f("]) == 0
+        text, last = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
+        runs[extra[1:]] = (text, last)
+    assert runs[("1.5",)][0] == runs[()][0] and "0/11 decode steps exited" in runs[("1.5",)][1]
+    assert "11/11 decode steps exited" in runs[("0",)][1]
+    with pytest.raises(UserError, match="--exit-threshold"):
+        complete_main(["--artifacts", str(out), "--runtime", "onnx", "--exit-threshold", "0.5", "x"])

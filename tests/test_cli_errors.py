@@ -78,7 +78,7 @@ COMMANDS = {
     "parity": ("hrm_edge.verify.parity", "--bundle-only --formats --target --cpu"),
     "arm64": ("hrm_edge.verify.arm64_toolchain", "--no-pte"),
     "complete": ("hrm_edge.app.complete", "--artifacts --runtime --precision --max-new-tokens --temperature --top-k "
-                 "--top-p --seed --threads --truncate --no-verify --speculative --draft-len --verbose"),
+                 "--top-p --seed --threads --truncate --no-verify --speculative --draft-len --exit-threshold --verbose"),
     "demo": ("hrm_edge.app.demo", "--host --port --no-verify --quiet --verbose"),
     "bench": ("hrm_edge.measure.bench", "--threads --seq-len --repeats --prompt-len --new-tokens --no-baseline --peers "
               "--rounds --no-weight-cache --json --no-verify --verbose"),
