@@ -27,8 +27,7 @@ from hrm_edge.runtime.decoders import generate
 from hrm_edge.train.dataset import encode_documents
 from hrm_edge.train.tokenizer import load_tokenizer
 
-THRESHOLDS = {"top_prob": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95),
-              "halting_head": (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)}
+THRESHOLDS = {"top_prob": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9), "halting_head": (0.6, 0.7, 0.8, 0.9, 0.95)}
 MAX_BPB_RATIO = 1.005  # the default threshold's allowance over full depth's bits per byte
 PROMPT_TOKENS, NEW_TOKENS = 48, 48  # decode speed: greedy continuations of each held-out project's first file
 
@@ -50,21 +49,26 @@ def windows_of(stream: np.ndarray, seq_len: int) -> list[np.ndarray]:
     return [w for w in (stream[s : s + seq_len + 1] for s in range(0, max(len(stream) - 1, 1), seq_len)) if len(w) >= 2]
 
 
-def curve_bits(model, rules: dict, windows: list[np.ndarray]) -> dict:
+def curve_bits(model, rules: dict, windows: list[np.ndarray], batch_size: int = 8) -> dict:
     """{(rule, threshold): [bits, exited tokens]} over the windows, ("full", None) included; rules: {name: head or
-    None}. The first cycle runs once per window; each threshold reruns only the deeper cycles."""
+    None}. The first cycle runs once per batch; each threshold reruns only the deeper cycles."""
     totals: dict = {("full", None): [0.0, 0]} | {(r, t): [0.0, 0] for r in rules for t in THRESHOLDS[r]}
+    by_len: dict = {}
+    for w in windows:  # a batch holds windows of one length (each project's last one is shorter)
+        by_len.setdefault(len(w), []).append(w)
+    batches = [same[i : i + batch_size] for same in by_len.values() for i in range(0, len(same), batch_size)]
     with torch.no_grad():
-        for w in windows:
-            first = run_first_cycle(model, torch.from_numpy(w[None, :-1].astype(np.int64)))
-            targets = torch.from_numpy(w[1:].astype(np.int64))
+        for batch in batches:
+            tokens = torch.from_numpy(np.stack(batch).astype(np.int64))  # [B, S + 1]
+            first = run_first_cycle(model, tokens[:, :-1])
             exits = {("full", None): torch.zeros(first.logits.shape[:2], dtype=torch.bool)}
             for name, head in rules.items():
-                scores = HaltingRule(1.0, head).scores(model, first.output_state(model), first.logits)  # [1, S]
+                scores = HaltingRule(1.0, head).scores(model, first.output_state(model), first.logits)  # [B, S]
                 exits |= {(name, t): scores >= t for t in THRESHOLDS[name]}
             for key, exited in exits.items():
-                logits = adaptive_logits(model, first, exited)
-                totals[key][0] += F.cross_entropy(logits[0], targets, reduction="sum").item() / math.log(2)
+                logits = adaptive_logits(model, first, exited)  # [B, S, V]
+                nats = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten(), reduction="sum").item()
+                totals[key][0] += nats / math.log(2)
                 totals[key][1] += int(exited.sum())
     return totals
 
