@@ -27,7 +27,7 @@ from hrm_edge.runtime.decoders import generate
 from hrm_edge.train.dataset import encode_documents
 from hrm_edge.train.tokenizer import load_tokenizer
 
-THRESHOLDS = {"top_prob": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9), "halting_head": (0.6, 0.7, 0.8, 0.9, 0.95)}
+THRESHOLDS = {"top_prob": (0.4, 0.5, 0.6, 0.7, 0.8, 0.9), "halting_head": (0.85, 0.9, 0.93, 0.95, 0.97)}
 MAX_BPB_RATIO = 1.005  # the default threshold's allowance over full depth's bits per byte
 PROMPT_TOKENS, NEW_TOKENS = 48, 48  # decode speed: greedy continuations of each held-out project's first file
 
