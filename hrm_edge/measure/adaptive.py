@@ -73,16 +73,20 @@ def curve_bits(model, rules: dict, windows: list[np.ndarray], batch_size: int = 
     return totals
 
 
-def decode_speed(model, prompts: list[list[int]], rule: HaltingRule | None) -> tuple[float, float]:
-    """(decode tokens/s, share of decoded tokens that exited) of greedy generation from each prompt, after a warm-up."""
-    decoder = EagerDecoder(model) if rule is None else EagerAdaptiveDecoder(model, rule)
-    generate(decoder, prompts[0], 8)  # warm-up
-    steps, seconds, exited = 0, 0.0, 0
+def decode_speeds(model, prompts: list[list[int]], rules: list) -> list[tuple[float, float]]:
+    """Per rule (None: full depth): (decode tokens/s, share of decoded tokens that exited) of greedy generation from
+    each prompt, after a warm-up. Round-robin over the rules, prompt by prompt, so that a shared machine's changing
+    load falls on every rule alike."""
+    decoders = [EagerDecoder(model) if r is None else EagerAdaptiveDecoder(model, r) for r in rules]
+    for decoder in decoders:
+        generate(decoder, prompts[0], 8)  # warm-up
+    steps, seconds, exited = np.zeros(len(rules)), np.zeros(len(rules)), np.zeros(len(rules))
     for prompt in prompts:
-        g = generate(decoder, prompt, NEW_TOKENS)
-        steps, seconds = steps + len(g.tokens) - 1, seconds + g.decode_s
-        exited += decoder.depths.count(1) if rule is not None else 0
-    return steps / seconds, exited / max(steps, 1)
+        for i, (decoder, rule) in enumerate(zip(decoders, rules)):
+            g = generate(decoder, prompt, NEW_TOKENS)
+            steps[i], seconds[i] = steps[i] + len(g.tokens) - 1, seconds[i] + g.decode_s
+            exited[i] += decoder.depths.count(1) if rule is not None else 0
+    return [(float(n / s), float(e / max(n, 1))) for n, s, e in zip(steps, seconds, exited)]
 
 
 def pick_default(points: list[CurvePoint], rule: str) -> CurvePoint | None:
@@ -116,10 +120,10 @@ def depth_curve(checkpoint: Path, projects: list, seq_len: int, log=print) -> di
     torch.set_num_threads(1)
     log(f"eager greedy decode speed, 1 thread, {len(prompts)} prompts x {NEW_TOKENS} tokens ...")
     try:
-        for p in points:
-            rule = None if p.rule == "full" else HaltingRule(p.threshold, rules[p.rule])
-            p.tokens_per_s, p.decode_exit_rate = decode_speed(model, prompts, rule)
-            p.speedup = p.tokens_per_s / points[0].tokens_per_s
+        speeds = decode_speeds(model, prompts, [None if p.rule == "full" else HaltingRule(p.threshold, rules[p.rule])
+                                                for p in points])
+        for p, (tokens_per_s, exit_rate) in zip(points, speeds):
+            p.tokens_per_s, p.decode_exit_rate, p.speedup = tokens_per_s, exit_rate, tokens_per_s / speeds[0][0]
     finally:
         torch.set_num_threads(threads)
     defaults = {r: (asdict(d) if (d := pick_default(points, r)) else None) for r in rules}
