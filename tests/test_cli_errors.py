@@ -72,20 +72,20 @@ COMMANDS = {
     "corpus": ("hrm_edge.train.corpus", "--cache --out --recipe --project-cap --no-stdlib-reference --pin --jobs "
                "--no-progress"),
     "train": ("hrm_edge.train.loop", "--preset --out --corpus --steps --seed --resume --threads --no-progress "
-              "--speed-test"),
+              "--speed-test --halting-head"),
     "export": ("hrm_edge.export.pipeline", "--preset --checkpoint --out --corpus --steps --parity-samples --formats "
                "--int8 --calib-samples --calib-corpus --cycles --no-progress --verbose"),
     "parity": ("hrm_edge.verify.parity", "--bundle-only --formats --target --cpu"),
     "arm64": ("hrm_edge.verify.arm64_toolchain", "--no-pte"),
     "complete": ("hrm_edge.app.complete", "--artifacts --runtime --precision --max-new-tokens --temperature --top-k "
-                 "--top-p --seed --threads --truncate --no-verify --speculative --draft-len --verbose"),
+                 "--top-p --seed --threads --truncate --no-verify --speculative --draft-len --exit-threshold --verbose"),
     "demo": ("hrm_edge.app.demo", "--host --port --no-verify --quiet --verbose --keyboard-bench --keyboard-chars "
                                    "--keyboard-text"),
     "bench": ("hrm_edge.measure.bench", "--threads --seq-len --repeats --prompt-len --new-tokens --no-baseline --peers "
               "--rounds --no-weight-cache --json --no-verify --verbose"),
     "peers": ("hrm_edge.measure.peers", "--out --shape --build-only --threads --prompt-len --new-tokens --repeats "
               "--no-weight-cache --json --verbose"),
-    "evaluate": ("hrm_edge.measure.evaluate", "--corpus --max-bytes --seq-len --samples --threads --out"),
+    "evaluate": ("hrm_edge.measure.evaluate", "--corpus --max-bytes --seq-len --samples --threads --out --depth-curve"),
     "study": ("hrm_edge.measure.study", "--budget --out --only --resume --corpus --threads --decode-threads "
               "--decode-ablations --train-only --no-progress --verbose"),
     "sysdeps": ("hrm_edge.verify.sysdeps", "--check"),

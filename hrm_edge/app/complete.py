@@ -79,11 +79,15 @@ def files_to_load(manifest: dict, runtime: str, precision: str, speculative: boo
     return [manifest["tokenizer"]["path"], art.path] + (speculative_graphs(manifest, art) if speculative else [])
 
 
-def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, speculative: bool = False):
+def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, speculative: bool = False,
+                 exit_threshold: float | None = None):
     """The decoder of the verified files (files_to_load's order: tokenizer first)."""
     if runtime == "eager":
-        from hrm_edge.model.eager import EagerDecoder, EagerSpeculativeDecoder  # torch: only for --runtime eager
+        from hrm_edge.model.eager import EagerAdaptiveDecoder, EagerDecoder, EagerSpeculativeDecoder  # torch
+        from hrm_edge.model.lm import HaltingRule
 
+        if exit_threshold is not None:
+            return EagerAdaptiveDecoder(load_model(out_dir), HaltingRule(exit_threshold), threads)
         return (EagerSpeculativeDecoder if speculative else EagerDecoder)(load_model(out_dir), threads)
     if speculative:
         return OnnxSpeculativeDecoder(*files[1:4], threads)
@@ -91,12 +95,13 @@ def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, s
     return cls(files[1], threads)
 
 
-def load_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, verbose: bool, speculative: bool):
+def load_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, verbose: bool, speculative: bool,
+                 exit_threshold: float | None = None):
     """make_decoder, with what the runtimes write to stderr while they load (ExecuTorch's C++ cpuinfo and threadpool
     lines, torch's log lines) kept out of the completion unless verbose or the load fails."""
     with tempfile.TemporaryDirectory(prefix="hrm-complete-") as tmp:
         with native_stderr_to(None if verbose else Path(tmp) / "stderr.txt"):
-            return make_decoder(out_dir, runtime, files, threads, speculative)
+            return make_decoder(out_dir, runtime, files, threads, speculative, exit_threshold)
 
 
 def read_prompt(arg: str | None) -> str:
@@ -165,6 +170,9 @@ def parser() -> argparse.ArgumentParser:
                         "text as without it when greedy; the full model's distribution when sampling); onnx, eager")
     p.add_argument("--draft-len", type=int, default=DEFAULT_DRAFT_LEN,
                    help=f"--speculative: tokens drafted per verification (default {DEFAULT_DRAFT_LEN})")
+    p.add_argument("--exit-threshold", type=float, metavar="P",
+                   help="adaptive depth (--runtime eager): a decoded token stops after the first outer cycle when that "
+                        "cycle's top probability is >= P (P > 1: nothing exits, the full model's text)")
     p.add_argument("--verbose", action="store_true",
                    help="show the runtimes' own warnings and log lines (torch, torchao, ExecuTorch's C++ runtime)")
     return p
@@ -183,6 +191,8 @@ def main(argv=None) -> int:
     t_verify = time.perf_counter()
     if not 1 <= a.draft_len <= 16:
         raise UserError("--draft-len must be in 1..16")
+    if a.exit_threshold is not None and (a.runtime != "eager" or a.speculative or not a.exit_threshold >= 0):
+        raise UserError("--exit-threshold must be >= 0, with --runtime eager and without --speculative")
     files = verify_files(a.artifacts, manifest, files_to_load(manifest, a.runtime, a.precision, a.speculative),
                          a.no_verify)
     verify_ms = 1000 * (time.perf_counter() - t_verify)
@@ -197,7 +207,7 @@ def main(argv=None) -> int:
             raise UserError(f"the prompt is {len(ids)} tokens, the context holds {context}; shorten it or pass --truncate")
         ids = ids[-room:]
     try:
-        decoder = load_decoder(a.artifacts, a.runtime, files, a.threads, a.verbose, a.speculative)
+        decoder = load_decoder(a.artifacts, a.runtime, files, a.threads, a.verbose, a.speculative, a.exit_threshold)
     except UserError:
         raise
     except Exception as e:  # a runtime that cannot load a file (edited and run with --no-verify): one line
@@ -216,6 +226,8 @@ def main(argv=None) -> int:
     write("\n")
     name = files[1].name if len(files) > 1 and a.runtime != "eager" else files[-1].name
     name += f", speculative k={a.draft_len}, {g.acceptance:.0%} of drafts kept" if a.speculative else ""
+    if a.exit_threshold is not None:
+        name += f", exit >= {a.exit_threshold:g}: {decoder.depths.count(1)}/{len(decoder.depths)} decode steps exited"
     stop = "EOS" if g.stopped_at_eos else "max length"
     print(f"[{a.runtime} {name}, {a.threads} thread(s)] prefill {len(ids)} tokens at {g.prefill_tokens_per_s:.0f} "
           f"tokens/s, decode {len(g.tokens)} tokens at {g.decode_tokens_per_s:.0f} tokens/s (stopped at {stop}); "

@@ -136,6 +136,9 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=0, help="also print completions of this many held-out files")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     p.add_argument("--out", type=Path, help="write evaluation.json and evaluation.md into this folder")
+    p.add_argument("--depth-curve", action="store_true",
+                   help="instead: adaptive depth's trade-off (exit rate, bpb, eager decode speed per halting rule and "
+                        "threshold) of the first checkpoint; --out gets depth_curve.json/.md (hrm_edge.measure.adaptive)")
     a = p.parse_args(argv)
     if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
         raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
@@ -148,6 +151,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     projects = heldout_texts(a.corpus, a.max_bytes)
     print(f"{len(projects)} held-out projects, {sum(p.bytes for p in projects):,} bytes")
+    if a.depth_curve:
+        from hrm_edge.measure.adaptive import run_depth_curve  # torch, as the model's runtime above
+
+        return run_depth_curve(a.checkpoints[0], projects, a.seq_len, a.out)
     results = {name: evaluate_checkpoint(c, projects, a.seq_len) for name, c in zip(names, a.checkpoints)}
     rows = summary_rows(projects, results)
     table = "Bits per byte on held-out projects (lower is better; xz_9: each file compressed on its own):\n\n" + render_rows(rows)

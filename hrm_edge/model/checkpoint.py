@@ -5,6 +5,7 @@
     tokenizer.json         the BPE tokenizer
     optimizer.safetensors  AdamW state (training only; flattened, see save_checkpoint)
     train_state.json       step, preset, data / train / quant configs, metrics
+    halting.safetensors    optional: the adaptive-depth halting head (python -m hrm_edge.train --halting-head)
 
 The parity gate loads a model from here to re-derive its reference, so this module is light: importing it
 needs no torch (torch, safetensors and the model are imported by the functions that load or save tensors).
@@ -21,6 +22,7 @@ from hrm_edge.io import atomic_path, atomic_write_text
 
 CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, STATE = (
     "config.json", "model.safetensors", "tokenizer.json", "optimizer.safetensors", "train_state.json")
+HALTING = "halting.safetensors"  # the adaptive-depth halting head (hrm_edge.train.halting), apart from the model
 
 
 def _save_tensors(path: Path, tensors: dict) -> None:
@@ -71,6 +73,25 @@ def load_model(ckpt: Path):
     check_weights_fit(model.state_dict(), weights, ckpt)
     model.load_state_dict(weights)
     return model.eval()
+
+
+def save_halting_head(ckpt: Path, head) -> None:
+    _save_tensors(Path(ckpt) / HALTING, {k: v.contiguous() for k, v in head.state_dict().items()})
+
+
+def load_halting_head(ckpt: Path, d_model: int):
+    """The HaltingHead of a checkpoint folder; a user error if it has none."""
+    from hrm_edge.model.lm import HaltingHead  # torch
+
+    path = Path(ckpt) / HALTING
+    if not path.is_file():
+        raise UserError(f"checkpoint {ckpt} has no {HALTING}; train one with python -m hrm_edge.train --halting-head {ckpt}")
+    head = HaltingHead(d_model)
+    try:
+        head.load_state_dict(_load_tensors(path))
+    except Exception as e:  # a foreign or truncated file, or one for another model width
+        raise UserError(f"cannot load {path}: {first_line(e)}") from None
+    return head.eval()
 
 
 def check_weights_fit(expected: dict, weights: dict, ckpt: Path) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hrm_edge.model.lm import CachedDraftForm, CachedVerifyForm, DecodeForm, FunctionalDecodeForm, empty_cache
+from hrm_edge.model.lm import (CachedDraftForm, CachedVerifyForm, DecodeForm, FunctionalDecodeForm, HaltingRule,
+                               check_adaptive, empty_cache)
 
 
 class EagerDecoder:
@@ -83,3 +84,35 @@ class EagerSpeculativeDecoder(EagerDecoder):
     def commit(self, n: int) -> None:
         self.pos += n
         self.pending = []
+
+
+class EagerAdaptiveDecoder(EagerDecoder):
+    """EagerDecoder with adaptive depth: the prefill runs every cycle; a decode step runs the first outer cycle
+    (CachedDraftForm), then, when `rule` says so, exits with that cycle's readout and fills the skipped applications'
+    cache slots from the same role's first-cycle ones (KVCache.copy_first_cycle), else runs the rest
+    (CachedVerifyForm). depths: the outer cycles each decoded token ran."""
+
+    def __init__(self, model, rule: HaltingRule, threads: int = 0):
+        check_adaptive(model.cfg)
+        super().__init__(model, threads)
+        self.rule = rule
+        self.first_cycle = CachedDraftForm(self.form.model, self.form.cache)
+        self.rest = CachedVerifyForm(self.form.model, self.form.cache)
+        self.depths: list[int] = []
+
+    def reset(self):
+        super().reset()
+        self.depths = []
+
+    def decode(self, token: int) -> np.ndarray:  # -> [V]
+        m, tokens, pos = self.form.model, torch.tensor([[token]]), torch.tensor([self.pos])
+        with torch.no_grad():
+            logits, state = self.first_cycle(tokens, pos)  # [1, 1, V], [2, 1, 1, D]
+            if self.rule.exits(m, m.final_state(state[0], state[1]), logits).item():
+                self.form.cache.copy_first_cycle(pos, self.rest.steps, m.cfg.L_cycles + 1)
+                self.depths.append(1)
+            else:
+                logits = self.rest(tokens, state, pos)
+                self.depths.append(m.cfg.H_cycles)
+        self.pos += 1
+        return logits[0, -1].numpy()

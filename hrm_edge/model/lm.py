@@ -174,6 +174,15 @@ class KVCache(nn.Module, NoCache):
         for b in self.buffers():
             b.zero_()
 
+    def copy_first_cycle(self, positions, steps: range, per_cycle: int):
+        """Adaptive depth: a token that exits after the first outer cycle skips applications `steps`; their keys and
+        values at positions [S] become those of the same role's first-cycle application t mod per_cycle (what later
+        tokens attend to there), copied, not recomputed."""
+        for t in steps:
+            for name in ("k", "v"):
+                first = getattr(self, f"{name}_{t % per_cycle}")
+                getattr(self, f"{name}_{t}").index_copy_(2, positions, first.index_select(2, positions))
+
 
 class StackedKVCache(NoCache):
     """Functional caches of the ONNX decode graph. past_k, past_v [T, B, H, P, hd] are graph inputs, read
@@ -233,6 +242,27 @@ class StackedKVCache(NoCache):
     def present(self):
         """(k, v) [T, B, H, P + S, hd]: the past with this call's keys/values appended."""
         return torch.cat([self.past_k, self.new_k], dim=3), torch.cat([self.past_v, self.new_v], dim=3)
+
+
+class FirstCycleKeysCache(NoCache):
+    """Full-sequence forward with adaptive depth (teacher forcing, all positions at once): keeps the first cycle's
+    keys/values (applications 0..L); at a deeper application t the positions in `exited` [B, S] (bool) offer the
+    keys/values of application t mod (L + 1) instead of their own, as KVCache.copy_first_cycle leaves them in
+    decoding. The first cycle reads no deeper keys, so its states do not depend on which positions exit."""
+
+    def __init__(self, per_cycle: int):
+        self.per_cycle = per_cycle
+        self.first: dict[int, tuple] = {}
+        self.exited = None  # [B, S] bool: set after the first cycle
+
+    def update(self, t, positions, k, v):
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
+        if t < self.per_cycle:
+            self.first[t] = (k, v)
+            return k, v
+        k1, v1 = self.first[t % self.per_cycle]
+        exited = self.exited[:, None, :, None]  # [B, 1, S, 1]
+        return torch.where(exited, k1, k), torch.where(exited, v1, v)
 
 
 @dataclass
@@ -626,6 +656,96 @@ class CachedVerifyForm(nn.Module):
         m = self.model
         inp = m.step_inputs(tokens, self.cache, input_pos)
         return m.readout(m.final_state(*m.run_steps(inp, (state[0], state[1]), self.steps)))
+
+
+# ---- adaptive depth: a token may exit after the first outer cycle ----
+class HaltingHead(nn.Module):
+    """Exit logit [B, S] of a position after the first outer cycle: a linear layer on its normalised state norm(z)
+    [B, S, D] plus two confidences of that cycle's readout (top log-probability, entropy), which a linear function of
+    the state cannot express. Trained on a frozen model (hrm_edge.train.halting); stored apart from the model's
+    weights (HALTING_WEIGHTS in the checkpoint folder), so the model and its exports do not change."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.proj = nn.Linear(d_model + 2, 1)
+
+    @staticmethod
+    def features(z_normed, logits):
+        """z_normed [B, S, D], logits [B, S, V] -> [B, S, D + 2]."""
+        logp = F.log_softmax(logits.float(), dim=-1)
+        entropy = -(logp.exp() * logp).sum(-1, keepdim=True)
+        return torch.cat([z_normed, logp.amax(-1, keepdim=True), entropy], dim=-1)
+
+    def forward(self, z_normed, logits):
+        return self.proj(self.features(z_normed, logits)).squeeze(-1)  # [B, S]
+
+
+@dataclass
+class HaltingRule:
+    """A token exits after the first outer cycle when its score >= threshold: the top probability of the first
+    cycle's readout (head None) or the halting head's sigmoid. A threshold above 1 exits nothing."""
+
+    threshold: float
+    head: HaltingHead | None = None
+
+    @property
+    def name(self) -> str:
+        return "top_prob" if self.head is None else "halting_head"
+
+    def scores(self, model: HRMLM, z, logits):
+        """z [B, S, D] (the first cycle's output state), logits [B, S, V] (its readout) -> [B, S] in [0, 1]."""
+        if self.head is None:
+            return F.softmax(logits.float(), dim=-1).amax(-1)
+        return torch.sigmoid(self.head(model.norm(z), logits))
+
+    def exits(self, model: HRMLM, z, logits):
+        return self.scores(model, z, logits) >= self.threshold  # [B, S] bool
+
+
+@dataclass
+class FirstCycle:
+    """All positions' first outer cycle (teacher forcing): what every exit decision needs, computed once."""
+
+    inp: StepInputs  # its cache: a FirstCycleKeysCache holding the first cycle's keys/values
+    states: tuple  # (z_fast, z_slow) [B, S, D] each
+    logits: torch.Tensor  # [B, S, V]: the first cycle's readout
+
+    def output_state(self, model: HRMLM):
+        return model.final_state(*self.states)  # [B, S, D]
+
+
+def check_adaptive(cfg: ModelConfig) -> None:
+    if cfg.arch != "hrm" or cfg.H_cycles < 2:
+        raise ValueError("adaptive depth needs an HRM with H_cycles >= 2")
+
+
+def run_first_cycle(model: HRMLM, tokens) -> FirstCycle:
+    """tokens [B, S] -> the first outer cycle of every position, its keys/values kept for adaptive_logits."""
+    check_adaptive(model.cfg)
+    per_cycle = model.cfg.L_cycles + 1
+    inp = model.step_inputs(tokens, FirstCycleKeysCache(per_cycle))
+    states = model.run_steps(inp, model.initial_states(inp), range(per_cycle))
+    return FirstCycle(inp, states, model.readout(model.final_state(*states)))
+
+
+def adaptive_logits(model: HRMLM, first: FirstCycle, exited):
+    """Logits [B, S, V] when the positions in exited [B, S] (bool) stop after the first cycle (their readout) and the
+    rest run every cycle, attending to the exited positions' first-cycle keys/values at the applications those
+    skipped: exactly what token-by-token adaptive decoding computes, for all positions in one pass."""
+    first.inp.cache.exited = exited
+    steps = range(model.cfg.L_cycles + 1, model.cfg.n_steps)
+    deep = model.readout(model.final_state(*model.run_steps(first.inp, first.states, steps)))
+    return torch.where(exited[..., None], first.logits, deep)
+
+
+def adaptive_forward(model: HRMLM, tokens, rule: HaltingRule, prefix: int = 0):
+    """tokens [B, S] -> (logits [B, S, V], depth [B, S] in outer cycles) of adaptive depth under `rule`; the first
+    `prefix` positions run every cycle (a prefill)."""
+    first = run_first_cycle(model, tokens)
+    exited = rule.exits(model, first.output_state(model), first.logits)
+    exited[:, :prefix] = False
+    depth = torch.where(exited, 1, model.cfg.H_cycles)
+    return adaptive_logits(model, first, exited), depth
 
 
 class TracedForm(nn.Module):

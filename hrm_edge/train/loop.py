@@ -34,6 +34,7 @@ from tqdm import tqdm
 from hrm_edge.model.checkpoint import OPTIMIZER, STATE, TOKENIZER, load_model, load_optimizer, save_checkpoint
 from hrm_edge.config import Preset, load_preset
 from hrm_edge.train.dataset import Corpus, bytes_per_token, encode_documents, fixed_windows, load_corpus, random_batch
+from hrm_edge.train.halting import train_halting_head
 from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_write_text, check_writable_dir
 from hrm_edge.model.lm import HRMLM, parameter_counts
@@ -394,7 +395,16 @@ def main(argv=None) -> int:
                         "bf16 autocast and bf16 + torch.compile (bf16 only on CPUs with native bf16) (--steps timed "
                         "steps each, default 12); "
                         "prints a table, and writes train_speed.json into --out if given")
+    p.add_argument("--halting-head", type=Path, metavar="CHECKPOINT",
+                   help="do not train the model: train the adaptive-depth halting head of this checkpoint on its frozen "
+                        "model (training split of --corpus, default the checkpoint's own corpus) and write "
+                        "CHECKPOINT/halting.safetensors (hrm_edge.train.halting)")
     a = p.parse_args(argv)
+    if a.halting_head:
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        train_halting_head(a.halting_head, a.corpus, seed=a.seed or 0)
+        return 0
     preset = load_preset(a.preset)
     preset.override(a.corpus, a.steps)
     if a.seed is not None:

@@ -1,0 +1,196 @@
+"""Adaptive depth: a token exits after the first outer cycle when a halting rule says so, its skipped applications'
+keys/values taken from the same role's first-cycle ones. The token-by-token eager decoder and the teacher-forced
+all-positions pass must compute the same logits and depths."""
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO
+from hrm_edge.app.complete import main as complete_main
+from hrm_edge.config import ModelConfig
+from hrm_edge.errors import UserError
+from hrm_edge.measure.adaptive import MAX_BPB_RATIO, THRESHOLDS, CurvePoint, depth_curve, pick_default, render_curve
+from hrm_edge.measure.evaluate import ProjectText, project_bits
+from hrm_edge.model.checkpoint import HALTING, TOKENIZER, load_halting_head, load_model, save_model
+from hrm_edge.model.eager import EagerAdaptiveDecoder, EagerDecoder
+from hrm_edge.model.lm import HRMLM, HaltingHead, HaltingRule, adaptive_forward, run_first_cycle
+from hrm_edge.runtime.decoders import decode_logits, generate
+from hrm_edge.runtime.manifest import MANIFEST_FORMAT, sha256_file
+from hrm_edge.train.halting import fit_head, head_report, train_halting_head
+from hrm_edge.train.tokenizer import load_tokenizer
+
+SHIPPED = REPO / "hrm_edge" / "default_model"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread is faster than several on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+TOKENS = [4, 8, 15, 16, 23, 42, 7, 1, 30, 2, 9, 60, 33, 5, 5, 12, 50, 3, 21, 44]
+
+
+def tiny_model(seed: int = 0, H: int = 2, L: int = 2) -> HRMLM:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_heads=2, H_cycles=H, L_cycles=L, max_seq_len=64, ffn_hidden=64)
+    model = HRMLM(cfg).eval()
+    with torch.no_grad():  # sharper readouts than the init's, so that top probabilities spread over (0, 1)
+        model.embed.weight.mul_(40.0)
+        model.block.attn.wo.weight.mul_(20.0)  # and attention that matters, so that copied keys/values show
+    return model
+
+
+def middle_threshold(model, rule_head=None) -> float:
+    """A threshold that some positions pass and some do not: the median score."""
+    rule = HaltingRule(0.0, rule_head)
+    with torch.no_grad():
+        first = run_first_cycle(model, torch.tensor([TOKENS]))
+        return float(rule.scores(model, first.output_state(model), first.logits)[0, 2:].median())
+
+
+def sequential(model, rule, prefill: int):
+    dec = EagerAdaptiveDecoder(model, rule)
+    logits = decode_logits(dec, np.array([TOKENS]), prefill)[0]
+    return logits, [model.cfg.H_cycles] * prefill + dec.depths
+
+
+@pytest.mark.parametrize("H, L, with_head", [(2, 2, False), (3, 1, False), (2, 3, True)])
+def test_parallel_equals_sequential(H, L, with_head):
+    model = tiny_model(1, H, L)
+    head = None
+    if with_head:
+        torch.manual_seed(3)
+        head = HaltingHead(model.cfg.d_model).eval()
+    rule = HaltingRule(middle_threshold(model, head), head)
+    seq_logits, seq_depths = sequential(model, rule, prefill=2)
+    with torch.no_grad():
+        par_logits, par_depths = adaptive_forward(model, torch.tensor([TOKENS]), rule, prefix=2)
+    assert seq_depths == par_depths[0].tolist()
+    assert 4 <= seq_depths.count(1) <= len(TOKENS) - 6  # both kinds of token
+    np.testing.assert_allclose(par_logits[0].numpy(), seq_logits, atol=1e-5, rtol=0)
+    with torch.no_grad():  # and exiting changes the later tokens' logits: the copied keys/values are read
+        full = model(torch.tensor([TOKENS]))[0].numpy()
+    deep = np.array(seq_depths) == H
+    assert np.abs(full[deep] - seq_logits[deep]).max() > 1e-3
+
+
+def test_nothing_exits_is_full_depth():
+    model = tiny_model(2)
+    rule = HaltingRule(1.5)
+    logits, depths = sequential(model, rule, prefill=3)
+    assert depths == [2] * len(TOKENS)
+    np.testing.assert_allclose(logits, decode_logits(EagerDecoder(model), np.array([TOKENS]), 3)[0], atol=1e-5, rtol=0)
+    prompt = TOKENS[:5]
+    assert generate(EagerAdaptiveDecoder(model, rule), prompt, 30).tokens == generate(EagerDecoder(model), prompt, 30).tokens
+
+
+def test_everything_exits_is_the_first_cycle():
+    """Threshold 0: every decoded token's logits are the one-cycle model's (its first cycle never reads deeper keys)."""
+    model = tiny_model(3)
+    logits, depths = sequential(model, HaltingRule(0.0), prefill=1)
+    assert depths == [2] + [1] * (len(TOKENS) - 1)
+    with torch.no_grad():
+        one_cycle = model(torch.tensor([TOKENS]), n_cycles=1)[0].numpy()
+    np.testing.assert_allclose(logits[1:], one_cycle[1:], atol=1e-5, rtol=0)
+
+
+def test_fit_head_learns_a_separable_target():
+    torch.manual_seed(0)
+    feats = torch.randn(4000, 10)
+    targets = (feats[:, 3] - 0.5 * feats[:, 7] > 0.2).float()
+    head = fit_head(feats[:3000], targets[:3000], steps=150, lr=0.05)
+    report = head_report(head, feats[3000:], targets[3000:])
+    assert report["accuracy"] > 0.95 and report["bce"] < 0.2
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint_with_head(tmp_path_factory):
+    """A tiny random checkpoint (the shipped tokenizer) and its halting head, trained on a folder corpus; returns
+    (folder, the model files' bytes before the head was trained, the head's report)."""
+    ckpt = tmp_path_factory.mktemp("adaptive") / "ckpt"
+    ckpt.mkdir()
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=4096, d_model=32, n_heads=2, H_cycles=2, L_cycles=1, max_seq_len=64, ffn_hidden=64)
+    save_model(ckpt, HRMLM(cfg))
+    shutil.copy(SHIPPED / TOKENIZER, ckpt / TOKENIZER)
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    corpus = REPO / "hrm_edge" / "model"  # a text folder: its training split
+    report = train_halting_head(ckpt, str(corpus), windows=20, seq_len=64, log=lambda *_: None)
+    return ckpt, before, report
+
+
+def test_train_halting_head_writes_only_its_file(tiny_checkpoint_with_head):
+    """halting.safetensors appears, the model's files do not change, the head loads and predicts at least as well as
+    the majority class on held-back windows."""
+    ckpt, before, report = tiny_checkpoint_with_head
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir() if p.name != HALTING} == before
+    head = load_halting_head(ckpt, 32)
+    assert sum(p.numel() for p in head.parameters()) == 32 + 3
+    assert report["examples"] == 2 * 64 and 0 <= report["agree_rate"] <= 1
+    assert report["accuracy"] >= max(report["agree_rate"], 1 - report["agree_rate"]) - 0.05
+
+
+def test_depth_curve(tiny_checkpoint_with_head):
+    """Full depth's row is evaluate's bpb; exits fall as the threshold rises; each rule's default is the most-exiting
+    threshold within the allowance."""
+    ckpt = tiny_checkpoint_with_head[0]
+    texts = [(REPO / "hrm_edge" / "model" / name).read_text()[:1500] for name in ("eager.py", "checkpoint.py")]
+    projects = [ProjectText("a", texts[:1]), ProjectText("b", texts[1:])]
+    record = depth_curve(ckpt, projects, seq_len=48, log=lambda *_: None)
+    points = record["points"]
+    model, tok = load_model(ckpt), load_tokenizer(ckpt / TOKENIZER)
+    bits = sum(project_bits(model, tok, p.texts, 48, None) for p in projects)
+    assert points[0]["rule"] == "full" and points[0]["exit_rate"] == 0
+    assert points[0]["bpb"] == pytest.approx(bits / sum(p.bytes for p in projects), rel=1e-5)
+    for rule in ("top_prob", "halting_head"):
+        curve = [p for p in points if p["rule"] == rule]
+        assert [p["threshold"] for p in curve] == list(THRESHOLDS[rule])
+        assert all(a["exit_rate"] >= b["exit_rate"] for a, b in zip(curve, curve[1:]))
+        assert all(p["tokens_per_s"] > 0 and 0 <= p["decode_exit_rate"] <= 1 for p in curve)
+        ok = [p for p in curve if p["bpb_ratio"] <= MAX_BPB_RATIO]
+        assert record["defaults"][rule] == (max(ok, key=lambda p: p["exit_rate"]) if ok else None)
+    assert "| top_prob | 0.5 |" in render_curve(record)
+
+
+def test_pick_default():
+    points = [CurvePoint("full", None, 0, 1.0, 1.0)] + [
+        CurvePoint("top_prob", t, e, 1.0 * r, r) for t, e, r in ((0.5, 0.5, 1.02), (0.7, 0.3, 1.004), (0.9, 0.1, 1.0))]
+    assert pick_default(points, "top_prob").threshold == 0.7
+    assert pick_default(points, "halting_head") is None
+
+
+def eager_export(folder, model):
+    """The smallest folder complete --runtime eager accepts: a manifest naming the tokenizer and the checkpoint."""
+    folder.mkdir()
+    save_model(folder, model)
+    shutil.copy(SHIPPED / TOKENIZER, folder / TOKENIZER)
+    manifest = {"format_version": MANIFEST_FORMAT, "model": dataclasses.asdict(model.cfg), "artifacts": [],
+                "tokenizer": {"path": TOKENIZER, "sha256": sha256_file(folder / TOKENIZER)},
+                "checkpoint": {"config": "config.json", "weights": "model.safetensors",
+                               "weights_sha256": sha256_file(folder / "model.safetensors")}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_complete_exit_threshold(tmp_path, capsys):
+    """complete --exit-threshold: above every probability the text is plain greedy's; at 0 every decode step exits."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=4096, d_model=32, n_heads=2, H_cycles=2, L_cycles=1, max_seq_len=64, ffn_hidden=64)
+    out = eager_export(tmp_path / "export", HRMLM(cfg))
+    runs = {}
+    for extra in ((), ("--exit-threshold", "1.5"), ("--exit-threshold", "0")):
+        assert complete_main(["--artifacts", str(out), "--runtime", "eager", "--max-new-tokens", "12", *extra,
+                              "def f("]) == 0
+        text, last = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
+        runs[extra[1:]] = (text, last)
+    assert runs[("1.5",)][0] == runs[()][0] and "0/11 decode steps exited" in runs[("1.5",)][1]
+    assert "11/11 decode steps exited" in runs[("0",)][1]
+    with pytest.raises(UserError, match="--exit-threshold"):
+        complete_main(["--artifacts", str(out), "--runtime", "onnx", "--exit-threshold", "0.5", "x"])
