@@ -24,6 +24,7 @@ import numpy as np
 
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text
+from hrm_edge.measure.keyboard import KEYBOARD_CHARS, cut_texts, run_keyboard
 from hrm_edge.model.checkpoint import TOKENIZER, load_model
 from hrm_edge.runtime.decoders import Sampling, generate
 from hrm_edge.train.dataset import encode_documents, heldout_projects, xz_bits_per_byte
@@ -136,6 +137,13 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=0, help="also print completions of this many held-out files")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     p.add_argument("--out", type=Path, help="write evaluation.json and evaluation.md into this folder")
+    p.add_argument("--keyboard", action="store_true", help="instead: the 3-word keyboard evaluation of the "
+                   "checkpoints next to a word n-gram keyboard (docs/keyboard-evaluation.md); writes keyboard.json, "
+                   "keyboard.md and the n-gram's file into --out")
+    p.add_argument("--keyboard-chars", type=int, default=KEYBOARD_CHARS,
+                   help=f"--keyboard: characters typed per held-out project (default {KEYBOARD_CHARS})")
+    p.add_argument("--ngram", type=Path, help="--keyboard: the n-gram keyboard's file, loaded if it exists, else "
+                   "trained on the corpus's training split and saved there (default: OUT/keyboard-ngram.npz)")
     a = p.parse_args(argv)
     if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
         raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
@@ -146,6 +154,12 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
+    if a.keyboard:
+        if a.keyboard_chars < 1:
+            raise UserError("--keyboard-chars must be >= 1")
+        projects = [ProjectText(name, cut_texts([t for _, t in docs], a.keyboard_chars))
+                    for name, docs in sorted(heldout_projects(a.corpus).items())]
+        return run_keyboard(dict(zip(names, a.checkpoints)), projects, a.corpus, a.ngram, a.out, a.threads or 1)
     projects = heldout_texts(a.corpus, a.max_bytes)
     print(f"{len(projects)} held-out projects, {sum(p.bytes for p in projects):,} bytes")
     results = {name: evaluate_checkpoint(c, projects, a.seq_len) for name, c in zip(names, a.checkpoints)}
