@@ -260,8 +260,8 @@ def fit(counts: list[OrderCounts], vocab: list[str], order: int, max_bytes: int,
     """(the order-`order` model with the lowest count threshold (for orders >= 2) whose file fits in max_bytes,
     its file's bytes)."""
     grams = [sum(int(np.sum(counts[k].count >= t)) for k in range(1, order)) for t in min_counts]
-    # skip thresholds that cannot fit at 4 bytes per n-gram, about the least a deflated n-gram takes here
-    start = next((i for i, g in enumerate(grams) if 4 * g <= max_bytes), len(min_counts) - 1)
+    # skip thresholds that cannot fit at 2 bytes per n-gram (a deflated n-gram takes 2.5 to 4 here)
+    start = next((i for i, g in enumerate(grams) if 2 * g <= max_bytes), len(min_counts) - 1)
     for min_count in min_counts[start:]:
         model = NgramKeyboard(vocab, *build_levels(counts, order, min_count, len(vocab) - 1),
                               dict(info or {}, order=order, min_count=min_count))
