@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -154,8 +153,8 @@ def keyboard_rows(results: dict) -> list[dict]:
 
 
 def render_keyboard(rows: list[dict]) -> str:
-    lines = ["| project | suggester | words | next top-1 | next top-3 | after 1 char | after 2 chars | keystroke savings "
-             "| ms median | ms p90 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| project | suggester | words | next top-1 | next top-3 | after 1 char | after 2 chars "
+             "| keystroke savings | ms median | ms p90 |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         pct = " | ".join(f"{100 * r[k]:.1f}%" for k in ("next_top1", "next_top3", "after1", "after2", "savings"))
         lines.append(f"| {r['project']} | {r['suggester']} | {r['words']:,} | {pct} | {r['ms_median']:.2f} "
@@ -198,11 +197,11 @@ def choose_order(projects: dict[str, list[str]], max_bytes: int, progress: bool)
     trials = []
     for order in NGRAM_ORDERS:
         model, size = fit(counts, vocab, order, max_bytes)
-        tally = sum(evaluate_keyboards({f"{order}-gram dev": model}, dev_texts, progress)[f"{order}-gram dev"]
-                    .values(), Tally())
-        trials.append({"order": order, "min_count": model.info["min_count"], "bytes": size} | tally.metrics())
-        print(f"  dev: order {order}: keystroke savings {100 * trials[-1]['savings']:.2f}%, next top-3 "
-              f"{100 * trials[-1]['next_top3']:.1f}%, {trials[-1]['bytes']:,} bytes (count >= {model.info['min_count']})")
+        name = f"{order}-gram dev"
+        m = sum(evaluate_keyboards({name: model}, dev_texts, progress)[name].values(), Tally()).metrics()
+        trials.append({"order": order, "min_count": model.info["min_count"], "bytes": size} | m)
+        print(f"  dev: order {order}: keystroke savings {100 * m['savings']:.2f}%, next top-3 "
+              f"{100 * m['next_top3']:.1f}%, {size:,} bytes (count >= {model.info['min_count']})")
     best = max(trials, key=lambda t: (round(t["savings"], 4), -t["order"]))
     return {"order": best["order"], "dev_projects": dev, "order_trials": trials}
 
@@ -218,18 +217,15 @@ def train_ngram_keyboard(corpus: str, max_bytes: int = NGRAM_MAX_BYTES, progress
 
 
 def load_or_train(path: Path | None, corpus: str, progress: bool = True) -> tuple[NgramKeyboard, int]:
-    """(n-gram keyboard, its file's bytes): loaded from `path` if it exists, else trained and saved there (to a
-    temporary file without a path, to measure it)."""
+    """(n-gram keyboard, its file's bytes): loaded from `path` if it exists, else trained and saved there (without a
+    path: not saved, and measured in memory)."""
     if path is not None and path.exists():
         try:
             return NgramKeyboard.load(path), path.stat().st_size
         except (OSError, ValueError, KeyError) as e:
             raise UserError(f"{path}: not an n-gram keyboard file ({e})") from None
     model = train_ngram_keyboard(corpus, progress=progress)
-    if path is not None:
-        return model, model.save(path)
-    with tempfile.TemporaryDirectory() as d:
-        return model, model.save(Path(d) / NGRAM_FILE)
+    return model, model.save(path) if path is not None else len(model.to_bytes())
 
 
 def model_suggester(checkpoint: Path, onnx: Path | None = None, threads: int = 1) -> Suggester:

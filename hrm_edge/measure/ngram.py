@@ -39,6 +39,7 @@ NEWLINE, UNK, BOS = "\n", "<unk>", "<s>"
 WORD_BITS = 21  # a key packs (context index << WORD_BITS) | token id
 TAIL_CHARS = 400  # text before the cursor that a suggestion reads (enough for order - 1 tokens)
 FORMAT = "hrm-edge-ngram-keyboard/1"
+MIN_COUNTS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)  # pruning thresholds tried
 
 
 def tokens(text: str) -> list[str]:
@@ -255,14 +256,14 @@ class NgramKeyboard:
             return cls(meta["vocab"], z["unigram"], levels, meta["info"])
 
 
-def fit(counts: list[OrderCounts], vocab: list[str], order: int, max_bytes: int, info: dict | None = None,
-        min_counts=(1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)) -> tuple[NgramKeyboard, int]:
+def fit(counts: list[OrderCounts], vocab: list[str], order: int, max_bytes: int,
+        info: dict | None = None) -> tuple[NgramKeyboard, int]:
     """(the order-`order` model with the lowest count threshold (for orders >= 2) whose file fits in max_bytes,
     its file's bytes)."""
-    grams = [sum(int(np.sum(counts[k].count >= t)) for k in range(1, order)) for t in min_counts]
+    grams = [sum(int(np.sum(counts[k].count >= t)) for k in range(1, order)) for t in MIN_COUNTS]
     # skip thresholds that cannot fit at 2 bytes per n-gram (a deflated n-gram takes 2.5 to 4 here)
-    start = next((i for i, g in enumerate(grams) if 2 * g <= max_bytes), len(min_counts) - 1)
-    for min_count in min_counts[start:]:
+    start = next((i for i, g in enumerate(grams) if 2 * g <= max_bytes), len(MIN_COUNTS) - 1)
+    for min_count in MIN_COUNTS[start:]:
         model = NgramKeyboard(vocab, *build_levels(counts, order, min_count, len(vocab) - 1),
                               dict(info or {}, order=order, min_count=min_count))
         size = len(model.to_bytes())
