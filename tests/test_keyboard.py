@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from hrm_edge.errors import UserError
 from hrm_edge.measure import keyboard as K
 from hrm_edge.measure.evaluate import main as evaluate_main
 from hrm_edge.measure.ngram import (WORD, NgramKeyboard, build_levels, count_ngrams, encode, fit, make_vocab,
@@ -144,3 +145,15 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     assert evaluate_main([str(tmp_path / "ckpt"), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--out",
                           str(out), "--keyboard-chars", "60"]) == 0
     assert "dev: order" not in capsys.readouterr().out
+
+
+def test_keyboard_user_errors(tmp_path):
+    with pytest.raises(UserError, match="--keyboard-chars must be >= 1"):
+        evaluate_main([str(tmp_path), "--keyboard", "--keyboard-chars", "0"])
+    write_built_corpus(tmp_path / "corpus", {("train", "only"): {"m.py": "x = 1\n"}, ("val", "h"): {"a.py": "y\n"}})
+    with pytest.raises(UserError, match="at least 2 training projects"):
+        evaluate_main([str(tmp_path), "--corpus", str(tmp_path / "corpus"), "--keyboard"])
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(UserError, match="not an n-gram keyboard file"):
+        evaluate_main([str(tmp_path), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--ngram",
+                       str(tmp_path / "bad.npz")])
