@@ -5,6 +5,7 @@ held-out code.
     python -m hrm_edge.evaluate hrm_edge/default_model                       # the shipped model
     python -m hrm_edge.evaluate runs/default OLD_CHECKPOINT --out runs/eval  # several checkpoints, one table
     python -m hrm_edge.evaluate hrm_edge/default_model --samples 3           # plus completions of held-out code
+    python -m hrm_edge.evaluate hrm_edge/default_model --keyboard --out runs/keyboard  # 3-word bar vs an n-gram
 
 The text is the validation split of the pinned PyPI corpus (python -m hrm_edge.corpus): whole projects the
 corpus holds out of training. Bits per byte do not depend on the tokenizer, so checkpoints with different
