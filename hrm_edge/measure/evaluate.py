@@ -5,6 +5,7 @@ held-out code.
     python -m hrm_edge.evaluate hrm_edge/default_model                       # the shipped model
     python -m hrm_edge.evaluate runs/default OLD_CHECKPOINT --out runs/eval  # several checkpoints, one table
     python -m hrm_edge.evaluate hrm_edge/default_model --samples 3           # plus completions of held-out code
+    python -m hrm_edge.evaluate hrm_edge/default_model --keyboard --out runs/keyboard  # 3-word bar vs an n-gram
 
 The text is the validation split of the pinned PyPI corpus (python -m hrm_edge.corpus): whole projects the
 corpus holds out of training. Bits per byte do not depend on the tokenizer, so checkpoints with different
@@ -24,6 +25,7 @@ import numpy as np
 
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text
+from hrm_edge.measure.keyboard import KEYBOARD_CHARS, cut_texts, run_keyboard
 from hrm_edge.model.checkpoint import TOKENIZER, load_model
 from hrm_edge.runtime.decoders import Sampling, generate
 from hrm_edge.train.dataset import encode_documents, heldout_projects, xz_bits_per_byte
@@ -139,6 +141,13 @@ def main(argv=None) -> int:
     p.add_argument("--depth-curve", action="store_true",
                    help="instead: adaptive depth's trade-off (exit rate, bpb, eager decode speed per halting rule and "
                         "threshold) of the first checkpoint; --out gets depth_curve.json/.md (hrm_edge.measure.adaptive)")
+    p.add_argument("--keyboard", action="store_true", help="instead: the 3-word keyboard evaluation of the "
+                   "checkpoints next to a word n-gram keyboard (docs/keyboard-evaluation.md); writes keyboard.json, "
+                   "keyboard.md and the n-gram's file into --out")
+    p.add_argument("--keyboard-chars", type=int, default=KEYBOARD_CHARS,
+                   help=f"--keyboard: characters typed per held-out project (default {KEYBOARD_CHARS})")
+    p.add_argument("--ngram", type=Path, help="--keyboard: the n-gram keyboard's file, loaded if it exists, else "
+                   "trained on the corpus's training split and saved there (default: OUT/keyboard-ngram.npz)")
     a = p.parse_args(argv)
     if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
         raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
@@ -149,6 +158,12 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
+    if a.keyboard:
+        if a.keyboard_chars < 1:
+            raise UserError("--keyboard-chars must be >= 1")
+        projects = [ProjectText(name, cut_texts([t for _, t in docs], a.keyboard_chars))
+                    for name, docs in sorted(heldout_projects(a.corpus).items())]
+        return run_keyboard(dict(zip(names, a.checkpoints)), projects, a.corpus, a.ngram, a.out, a.threads or 1)
     projects = heldout_texts(a.corpus, a.max_bytes)
     print(f"{len(projects)} held-out projects, {sum(p.bytes for p in projects):,} bytes")
     if a.depth_curve:

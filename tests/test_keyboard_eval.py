@@ -1,0 +1,159 @@
+"""The keyboard evaluation: word splitting, the Kneser-Ney n-gram keyboard against hand-computed probabilities,
+the metric arithmetic with a scripted suggester, and `evaluate --keyboard` end to end on a tiny built corpus."""
+import hashlib
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from hrm_edge.errors import UserError
+from hrm_edge.measure import keyboard as K
+from hrm_edge.measure.evaluate import main as evaluate_main
+from hrm_edge.measure.ngram import (WORD, NgramKeyboard, build_levels, count_ngrams, encode, fit, make_vocab,
+                                    tokens)
+from hrm_edge.train.dataset import CORPUS_FORMAT, RECORD, listing_sha256
+
+
+def model_of(texts, order, min_count=1):
+    docs = [tokens(t) for t in texts]
+    vocab = make_vocab(docs, 1000)
+    counts = count_ngrams(encode(docs, vocab), len(vocab) - 1, order)
+    return NgramKeyboard(vocab, *build_levels(counts, order, min_count, len(vocab) - 1))
+
+
+def test_words_and_tokens_follow_the_page():
+    """Identifier words are runs of [\\p{L}\\p{N}_] (the page's class): letters of any script, numbers (² is No),
+    underscore; runs of other visible characters are one token; a line break with its indentation is "\\n"."""
+    assert WORD.findall("café = π² + x_1·y2 # ٣") == ["café", "π²", "x_1", "y2", "٣"]
+    assert tokens("def f(x):\n    return x_1 + 2  \n\n\tpass") == \
+        ["def", "f", "(", "x", "):", "\n", "return", "x_1", "+", "2", "\n", "pass"]
+    m = model_of(["x = foo\n"], 2)
+    ids = {t: i for i, t in enumerate(m.vocab)}
+    assert m.context_ids("x = fo") == ([m.bos, ids["x"], ids["="]], "fo")  # mid-word: the typed part apart
+    assert m.context_ids("x = ") == ([m.bos, ids["x"], ids["="]], "")
+    assert m.context_ids("y\n") == ([m.bos, m.unk, ids["\n"]], "")
+
+
+def test_kneser_ney_bigram_matches_hand_computation():
+    """<s> a b a b c. Unigram continuation counts a 2, b 1, c 1 (D1 = n1/(n1+2 n2) = 2/4); bigram raw counts
+    <s>a 1, ab 2, ba 1, bc 1 (D2 = 3/5). P1 = max(a - 0.5, 0)/4 + 0.375/4 over {a, b, c, <unk>}."""
+    m = model_of(["a b a b c"], 2)
+    ids = {t: i for i, t in enumerate(m.vocab)}
+    p1 = {"a": 0.46875, "b": 0.21875, "c": 0.21875, "<unk>": 0.09375}
+    expected = {  # P(w | h) = max(c(hw) - 0.6, 0) / c(h) + gamma(h) P1(w), gamma(h) = 0.6 N1+(h .) / c(h)
+        "b": {w: (0.4 / 2 if w in "ac" else 0) + 0.6 * p for w, p in p1.items()},
+        "a": {w: (1.4 / 2 if w == "b" else 0) + 0.3 * p for w, p in p1.items()},
+        "<s>": {w: (0.4 if w == "a" else 0) + 0.6 * p for w, p in p1.items()},
+        "c": p1,  # no continuation: the unigram distribution
+    }
+    for h, dist in expected.items():
+        p = m.distribution([ids[h]])
+        assert p[m.bos] == 0
+        for w, want in dist.items():
+            assert p[ids[w]] == pytest.approx(want, abs=1e-6), (h, w)
+    assert expected["b"]["a"] == pytest.approx(0.48125)
+    assert m.suggest("a b ") == ["a", "c", "b"]  # after b: a 0.481, c 0.331, b 0.131
+    assert m.suggest("a b a b b") == ["b"]  # mid-word: the words starting with the typed part
+
+
+@pytest.mark.parametrize("order,min_count", [(2, 1), (3, 1), (4, 1), (3, 2), (4, 2)])
+def test_kneser_ney_sums_to_one_over_the_vocabulary(order, min_count):
+    """Every context, seen or not, pruned or not, gives a distribution over the vocabulary (<s> excluded)."""
+    m = model_of(["import os\nimport sys\nfrom os import path\n", "x = os.path.join(a, b)\nimport os\n",
+                  "def f(a, b):\n    return a + b\n"], order, min_count)
+    if min_count > 1:
+        assert len(m.levels[0].word) < len(model_of(["import os\n"], 2).vocab) ** 2
+    for context in itertools.product(range(len(m.vocab)), repeat=order - 1):
+        p = m.distribution(list(context))
+        assert p.sum() == pytest.approx(1, abs=1e-6) and p.min() >= 0 and p[m.bos] == 0, context
+
+
+def test_fit_meets_the_size_cap_and_round_trips(tmp_path):
+    docs = [tokens(f"value_{i % 50} = compute(value_{(i * 7) % 50}, {i % 13})\n") for i in range(2000)]
+    vocab = make_vocab(docs, 1000)
+    counts = count_ngrams(encode(docs, vocab), len(vocab) - 1, 3)
+    full, full_size = fit(counts, vocab, 3, 10**9)
+    capped, size = fit(counts, vocab, 3, full_size - 1)
+    assert full.info["min_count"] == 1 and capped.info["min_count"] > 1 and size < full_size
+    assert capped.save(tmp_path / "m.npz") == size == (tmp_path / "m.npz").stat().st_size
+    again = NgramKeyboard.load(tmp_path / "m.npz")
+    text = "value_3 = compute(value_21, 3)\nvalue_"
+    assert again.suggest(text) == capped.suggest(text) and len(again.suggest(text)) == 3
+    np.testing.assert_array_equal(again.distribution([1, 2]), capped.distribution([1, 2]))
+
+
+def test_metrics_of_a_scripted_suggester():
+    """ab: on the bar at once (top-1; saves 2 - 1) and after 1 character; cdefg: after 2 characters (saves 5 - 3);
+    h: top-1 (saves 0). Words longer than 1 / 2 characters count for the completion figures."""
+    bars = {"": ["ab", "x", "y"], "a": ["ab"], "ab ": ["x", "cd", "y"], "ab cd": ["q", "r", "cdefg", "late"],
+            "ab cdefg.": ["h"]}
+    asked = []
+
+    def suggest(text):
+        asked.append(text)
+        return bars.get(text, [])
+
+    tally = K.type_text(suggest, "ab cdefg.h", K.Tally())
+    assert asked == ["", "a", "ab ", "ab c", "ab cd", "ab cdefg."]  # stops once shown and past 2 characters
+    m = tally.metrics()
+    assert (m["words"], m["next_top1"], m["next_top3"], m["after1"], m["after2"]) == (3, 2 / 3, 2 / 3, 1 / 2, 1.0)
+    assert m["savings"] == 3 / 8 and m["savings_of_text"] == 3 / 10 and m["suggestions"] == 6
+    both = tally + K.type_text(lambda text: [], "zz", K.Tally())
+    assert both.metrics()["words"] == 4 and both.metrics()["savings"] == 3 / 10 and both.after1 == 3
+
+
+def test_cut_texts():
+    assert K.cut_texts(["ab\ncd\n", "efgh"], 5) == ["ab\n"]
+    assert K.cut_texts(["ab\ncd\n", "efgh"], 8) == ["ab\ncd\n", "ef"]
+    assert K.cut_texts(["abcdef"], 4) == ["abcd"]
+
+
+def write_built_corpus(root, projects):
+    """A built corpus folder: {split}/{project}/{path} and a record whose sha256 matches the files."""
+    entries = []
+    for (split, project), files in projects.items():
+        for path, text in files.items():
+            (root / split / project).mkdir(parents=True, exist_ok=True)
+            (root / split / project / path).write_text(text)
+            entries.append((split, project, path, hashlib.sha256(text.encode()).hexdigest()))
+    (root / RECORD).write_text(json.dumps({"format": CORPUS_FORMAT, "sha256": listing_sha256(entries)}))
+
+
+def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
+    """`evaluate CKPT --keyboard`: the n-gram keyboard trained on the training projects (order chosen on one of
+    them), typed on the held-out project; the table and files name its order and size."""
+    code = "import os\nimport sys\n\ndef main(args):\n    return os.path.join(args.root, args.name)\n"
+    corpus = {("train", f"p{i}"): {"m.py": code.replace("main", f"main{i % 2}")} for i in range(4)}
+    corpus[("val", "held")] = {"a.py": code}
+    write_built_corpus(tmp_path / "corpus", corpus)
+    monkeypatch.setattr(K, "NGRAM_ORDERS", (2, 3))
+    out = tmp_path / "out"
+    assert evaluate_main([str(tmp_path / "ckpt"), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--out",
+                          str(out), "--keyboard-chars", "60"]) == 0
+    record = json.loads((out / "keyboard.json").read_text())
+    ngram = record["ngram"]
+    assert ngram["bytes"] == (out / K.NGRAM_FILE).stat().st_size and ngram["order"] in (2, 3)
+    assert ngram["dev_projects"] and [t["order"] for t in ngram["order_trials"]] == [2, 3]
+    rows = {(r["project"], r["suggester"]): r for r in record["rows"]}
+    held = rows[("held", f"ngram-{ngram['order']}")]
+    assert held["words"] == len(WORD.findall(code[:60].rsplit("\n", 1)[0] + "\n")) == 7
+    assert held["next_top3"] >= 0.5 and 0.3 < held["savings"] < 1  # the training text is the held-out text
+    assert rows[("all", f"ngram-{ngram['order']}")]["words"] == 7
+    assert f"{ngram['bytes']:,} bytes on disk" in (out / "keyboard.md").read_text() in capsys.readouterr().out
+    # a second run loads the saved n-gram keyboard (no training: its progress bar would say "tokens")
+    assert evaluate_main([str(tmp_path / "ckpt"), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--out",
+                          str(out), "--keyboard-chars", "60"]) == 0
+    assert "dev: order" not in capsys.readouterr().out
+
+
+def test_keyboard_user_errors(tmp_path):
+    with pytest.raises(UserError, match="--keyboard-chars must be >= 1"):
+        evaluate_main([str(tmp_path), "--keyboard", "--keyboard-chars", "0"])
+    write_built_corpus(tmp_path / "corpus", {("train", "only"): {"m.py": "x = 1\n"}, ("val", "h"): {"a.py": "y\n"}})
+    with pytest.raises(UserError, match="at least 2 training projects"):
+        evaluate_main([str(tmp_path), "--corpus", str(tmp_path / "corpus"), "--keyboard"])
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(UserError, match="not an n-gram keyboard file"):
+        evaluate_main([str(tmp_path), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--ngram",
+                       str(tmp_path / "bad.npz")])
