@@ -128,6 +128,8 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     corpus[("val", "held")] = {"a.py": code}
     write_built_corpus(tmp_path / "corpus", corpus)
     monkeypatch.setattr(K, "NGRAM_ORDERS", (2, 3))
+    # the model's keyboard scripted (the real one: hrm_edge.runtime.suggest, tests/test_keyboard.py): always "os"
+    monkeypatch.setattr(K, "model_suggester", lambda path, onnx=None, threads=1: lambda text: ["os"])
     out = tmp_path / "out"
     assert evaluate_main([str(tmp_path / "ckpt"), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--out",
                           str(out), "--keyboard-chars", "60"]) == 0
@@ -140,6 +142,8 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     assert held["words"] == len(WORD.findall(code[:60].rsplit("\n", 1)[0] + "\n")) == 7
     assert held["next_top3"] >= 0.5 and 0.3 < held["savings"] < 1  # the training text is the held-out text
     assert rows[("all", f"ngram-{ngram['order']}")]["words"] == 7
+    # "os" is the next word at 1 of the 7 typed word starts ("import os"; the text is cut before "return os")
+    assert rows[("held", "ckpt")]["next_top3"] == pytest.approx(1 / 7)
     assert f"{ngram['bytes']:,} bytes on disk" in (out / "keyboard.md").read_text() in capsys.readouterr().out
     # a second run loads the saved n-gram keyboard (no training: its progress bar would say "tokens")
     assert evaluate_main([str(tmp_path / "ckpt"), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--out",

@@ -148,6 +148,8 @@ def main(argv=None) -> int:
                    help=f"--keyboard: characters typed per held-out project (default {KEYBOARD_CHARS})")
     p.add_argument("--ngram", type=Path, help="--keyboard: the n-gram keyboard's file, loaded if it exists, else "
                    "trained on the corpus's training split and saved there (default: OUT/keyboard-ngram.npz)")
+    p.add_argument("--keyboard-graph", type=Path, help="--keyboard: suggest through this exported KV graph (e.g. the "
+                   "page's EXPORT/hrm.int8-static-perstep.kv.onnx) instead of the eager checkpoint (one checkpoint)")
     a = p.parse_args(argv)
     if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
         raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
@@ -163,7 +165,10 @@ def main(argv=None) -> int:
             raise UserError("--keyboard-chars must be >= 1")
         projects = [ProjectText(name, cut_texts([t for _, t in docs], a.keyboard_chars))
                     for name, docs in sorted(heldout_projects(a.corpus).items())]
-        return run_keyboard(dict(zip(names, a.checkpoints)), projects, a.corpus, a.ngram, a.out, a.threads or 1)
+        if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()):
+            raise UserError("--keyboard-graph takes one checkpoint and an existing .onnx KV graph")
+        return run_keyboard(dict(zip(names, a.checkpoints)), projects, a.corpus, a.ngram, a.out, a.threads or 1,
+                            a.keyboard_graph)
     projects = heldout_texts(a.corpus, a.max_bytes)
     print(f"{len(projects)} held-out projects, {sum(p.bytes for p in projects):,} bytes")
     if a.depth_curve:

@@ -12,7 +12,6 @@ scored; runs of other characters and whitespace are typed, not predicted.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -254,14 +253,13 @@ def model_suggester(checkpoint: Path, onnx: Path | None = None, threads: int = 1
 
 
 def run_keyboard(checkpoints: dict[str, Path], projects: list, corpus: str, ngram: Path | None, out: Path | None,
-                 threads: int = 1, progress: bool = True) -> int:
-    """`python -m hrm_edge.evaluate CKPT --keyboard`: the table, printed and written to out/keyboard.{json,md}."""
+                 threads: int = 1, graph: Path | None = None, progress: bool = True) -> int:
+    """`python -m hrm_edge.evaluate CKPT --keyboard`: the table, printed and written to out/keyboard.{json,md}.
+    graph: run the (one) checkpoint's keyboard through this exported KV graph instead of the eager model."""
     model, size = load_or_train(ngram or (out / NGRAM_FILE if out else None), corpus, progress)
-    suggesters: dict[str, Suggester] = {}
-    if importlib.util.find_spec("hrm_edge.runtime.suggest") is not None:
-        suggesters = {name: model_suggester(path, threads=threads) for name, path in checkpoints.items()}
-    else:
-        print("the model's keyboard (hrm_edge.runtime.suggest) is not in this tree: the n-gram keyboard only")
+    suggesters: dict[str, Suggester] = {
+        (f"{name} ({graph.name})" if graph else name): model_suggester(path, onnx=graph, threads=threads)
+        for name, path in checkpoints.items()}
     suggesters[f"ngram-{model.order}"] = model
     rows = keyboard_rows(evaluate_keyboards(suggesters, projects, progress))
     cpu = cpu_info(threads)
