@@ -307,14 +307,21 @@ def tokenizer():
     return load_tokenizer(SHIPPED_TOKENIZER)
 
 
+@pytest.fixture(scope="module")
+def vocab_bytes(tokenizer):
+    from hrm_edge.runtime.healing import token_bytes
+
+    return token_bytes(tokenizer)
+
+
 @settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_streamed_text_is_the_decoded_text(tokenizer, data):
+def test_streamed_text_is_the_decoded_text(tokenizer, vocab_bytes, data):
     """Any token ids a model can emit (byte tokens that split a character, EOS, specials): streaming never raises,
     writes each piece once, and writes exactly what decoding all the ids at once gives."""
     ids = data.draw(st.lists(st.integers(0, tokenizer.get_vocab_size() - 1), max_size=40))
     pieces = []
-    stream = complete.TextStream(tokenizer, pieces.append)
+    stream = complete.TextStream(vocab_bytes, pieces.append)
     for token in ids:
         stream.add(token)
     stream.finish()
