@@ -2,6 +2,9 @@
 complete: the mask on the first token, the stripped text, the penalty's arithmetic, speculative greedy equal to
 plain greedy under the penalty, and (slow) the issue's must-show on a default export of the shipped model."""
 import json
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -155,6 +158,75 @@ def test_speculative_sampling_with_a_penalty_runs_to_the_budget():
     g = generate_speculative(EagerSpeculativeDecoder(tiny_model()), [3, 17, 5], 40,
                              Sampling(temperature=0.8, seed=3, repetition_penalty=1.3))
     assert len(g.tokens) == 40 and len(set(g.tokens)) > 10
+
+
+CASE_TEXTS = [MUST_SHOW, "x = '😀", "def ", "a", "import os\n<|eos|>", "    return self._cache[key]  # héllo"]
+
+
+def healing_cases(tok) -> list[dict]:
+    """Prompts and logits that Python, the page (Node) and the Android core (Java) must shape the same way: each
+    text's ids, random float32 logits, a few generated ids, a penalty."""
+    rng = np.random.default_rng(5)
+    return [{"text": text, "ids": tok.encode(text).ids, "penalty": penalty,
+             "logits": (3 * rng.standard_normal(4096)).astype(np.float32).tolist(),
+             "generated": rng.integers(0, 4096, size=i).tolist()}
+            for i, (text, penalty) in enumerate(zip(CASE_TEXTS, [1.3, 1.0, 2.0, 1.15, 1.2, 1.05]))]
+
+
+def python_healing(case: dict, vocab_bytes) -> tuple[list, list, list]:
+    """(healed context, allowed first-token ids, the penalised logits' raw bits): what the other clients print."""
+    context, heal = heal_prompt(case["ids"], vocab_bytes)
+    allowed = np.flatnonzero(heal.allowed).tolist() if heal else []
+    z = penalize_repetition(np.array(case["logits"], np.float32), context + case["generated"], case["penalty"])
+    return context, allowed, z.view(np.int64).tolist()
+
+
+def check_client_healing(stdout: str, cases: list[dict], vocab_bytes) -> None:
+    lines = stdout.splitlines()
+    assert len(lines) == 3 * len(cases), stdout[-2000:]
+    for i, case in enumerate(cases):
+        context, allowed, bits = python_healing(case, vocab_bytes)
+        assert json.loads(lines[3 * i]) == context, case["text"]
+        assert json.loads(lines[3 * i + 1]) == allowed, case["text"]
+        assert json.loads(lines[3 * i + 2]) == bits, case["text"]  # the same doubles, bit for bit
+    assert any(c["penalty"] != 1 and len(python_healing(c, vocab_bytes)[1]) > 1 for c in cases)
+
+
+NODE_HEALING = """
+import { readFileSync } from "node:fs";
+import { healPrompt, penalizeRepetition, tokenBytes } from "%s";
+const vocabBytes = tokenBytes(JSON.parse(readFileSync(process.argv[2], "utf8")));
+for (const c of JSON.parse(readFileSync(process.argv[3], "utf8"))) {
+  const { context, heal } = healPrompt(c.ids, vocabBytes);
+  const allowed = heal ? [...heal.allowed.keys()].filter((i) => heal.allowed[i]) : [];
+  const z = penalizeRepetition(Float32Array.from(c.logits), context.concat(c.generated), c.penalty);
+  console.log(JSON.stringify(context));
+  console.log(JSON.stringify(allowed));
+  console.log("[" + Array.from(new BigInt64Array(z.buffer), String).join(",") + "]");
+}
+"""
+
+
+def test_the_page_heals_and_penalises_like_python(tok, vocab_bytes, tmp_path):
+    """hrm_edge/app/web/js/healing.mjs in Node on the same prompts and logits: the same context, allowed set and
+    penalised logits (bit for bit) as hrm_edge.runtime.healing."""
+    assert shutil.which("node"), "node not found"
+    cases = healing_cases(tok)
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    script = tmp_path / "heal.mjs"
+    script.write_text(NODE_HEALING % (REPO / "hrm_edge" / "app" / "web" / "js" / "healing.mjs").as_uri())
+    proc = subprocess.run(["node", str(script), str(TOKENIZER), str(tmp_path / "cases.json")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_client_healing(proc.stdout, cases, vocab_bytes)
+
+
+def test_the_page_defaults_to_the_measured_penalty():
+    from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY
+
+    html = (REPO / "hrm_edge" / "app" / "web" / "index.html").read_text()
+    value = re.search(r'<input id="repetition"[^>]* value="([^"]+)"', html).group(1)
+    assert float(value) == DEFAULT_REPETITION_PENALTY
 
 
 def body_after_def_load(export_dir, runtime: str, *extra) -> str:

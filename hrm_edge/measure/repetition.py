@@ -35,6 +35,7 @@ from hrm_edge.train.tokenizer import load_tokenizer
 
 NGRAM = 4
 PROMPT_BYTES = 600  # context before the header line (whole lines)
+MAX_PROMPT_TOKENS = 160  # and at most this many tokens of it: the shipped model's context is 256
 PROMPTS_PER_PROJECT = 4
 SETTINGS = {"greedy": Sampling(), "sampled": Sampling(temperature=0.8, top_k=40, seed=1)}
 HEADER = re.compile(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t].*:[ \t]*\n", re.M)
@@ -107,13 +108,15 @@ def measure_penalty(model, tok, prompts: list[Prompt], penalty: float, new_token
     bits = tokens = 0
     for p in prompts:
         ids = tok.encode(p.text, add_special_tokens=False).ids
+        cut = max(len(ids) - MAX_PROMPT_TOKENS, 0)
+        whole = tok.encode(p.text + p.truth, add_special_tokens=False).ids[cut: len(ids) + new_tokens]
+        ids = ids[cut:]
         context, heal = heal_prompt(ids, vocab_bytes)
         for name, s in SETTINGS.items():
             s = Sampling(s.temperature, s.top_k, s.top_p, s.seed, penalty)
             new = generate(EagerDecoder(model, threads), context, new_tokens, s, heal=heal).tokens
             text = b"".join(vocab_bytes[t] for t in new)[len(heal.prefix) if heal else 0:].decode("utf-8", "replace")
             add_counts(counts, name, ngram_repeats(new), line_repeats(text))
-        whole = tok.encode(p.text + p.truth, add_special_tokens=False).ids[: len(ids) + new_tokens]
         b, n = truth_bits(model, whole, len(ids), penalty)
         bits, tokens = bits + b, tokens + n
     return {"penalty": penalty, **rates(counts), "bits_per_token": bits / tokens}
@@ -133,7 +136,7 @@ def heldout_row(tok, prompts: list[Prompt], new_tokens: int) -> dict:
     """The files' own next new_tokens tokens after each prompt, counted the same way (what real code repeats)."""
     vocab_bytes, counts = token_bytes(tok), {}
     for p in prompts:
-        ids = tok.encode(p.text, add_special_tokens=False).ids
+        ids = tok.encode(p.text, add_special_tokens=False).ids  # the real text's tokens after len(ids) - 1
         new = tok.encode(p.text + p.truth, add_special_tokens=False).ids[len(ids): len(ids) + new_tokens]
         text = b"".join(vocab_bytes[t] for t in new).decode("utf-8", "replace")
         add_counts(counts, "text", ngram_repeats(new), line_repeats(text))

@@ -6,7 +6,9 @@ import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.Arrays;
 import java.util.List;
+import java.util.Map;
 import java.util.StringJoiner;
 
 /**
@@ -14,6 +16,9 @@ import java.util.StringJoiner;
  *   parity BUNDLE LOGITS PRECISION   logits: raw little-endian float32 [samples * seqLen * vocab]; prints JSON
  *   tokenize TOKENIZER_JSON TEXTS    texts: a JSON array of strings; prints one line of ids and one decoded
  *                                    JSON string per text
+ *   heal TOKENIZER_JSON CASES        cases: a JSON array of {text, logits, generated, penalty}; per case prints the
+ *                                    healed context's ids, the allowed first tokens' ids, and the logits penalised
+ *                                    over context + generated as the raw bits of each double
  */
 public final class CoreCli {
     private CoreCli() {}
@@ -35,8 +40,31 @@ public final class CoreCli {
                 System.out.println(line);
                 System.out.println(quote(tok.decode(ids)));
             }
+        } else if (args.length == 3 && args[0].equals("heal")) {
+            ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
+            byte[][] vocabBytes = TokenHealing.vocabBytes(tok);
+            for (Object c : Json.array(Json.parse(Files.readString(Path.of(args[2]), StandardCharsets.UTF_8)))) {
+                Map<String, Object> heal = Json.object(c);
+                TokenHealing h = TokenHealing.heal(tok.encode((String) heal.get("text")), vocabBytes);
+                List<Object> values = Json.array(heal.get("logits")), generated = Json.array(heal.get("generated"));
+                float[] logits = new float[values.size()];
+                for (int i = 0; i < logits.length; i++) logits[i] = (float) Json.number(values.get(i));
+                int[] context = Arrays.copyOf(h.context, h.context.length + generated.size());
+                for (int i = 0; i < generated.size(); i++) context[h.context.length + i] = (int) Json.number(generated.get(i));
+                StringJoiner ids = new StringJoiner(",", "[", "]"), allowed = new StringJoiner(",", "[", "]");
+                StringJoiner bits = new StringJoiner(",", "[", "]");
+                for (int id : h.context) ids.add(Integer.toString(id));
+                for (int i = 0; h.allowed != null && i < h.allowed.length; i++) if (h.allowed[i]) allowed.add(Integer.toString(i));
+                for (double z : Sampling.penalizeRepetition(logits, context, Json.number(heal.get("penalty")))) {
+                    bits.add(Long.toString(Double.doubleToRawLongBits(z)));
+                }
+                System.out.println(ids);
+                System.out.println(allowed);
+                System.out.println(bits);
+            }
         } else {
-            System.err.println("usage: CoreCli parity BUNDLE LOGITS PRECISION | tokenize TOKENIZER_JSON TEXTS_JSON");
+            System.err.println("usage: CoreCli parity BUNDLE LOGITS PRECISION | tokenize TOKENIZER_JSON TEXTS_JSON | "
+                    + "heal TOKENIZER_JSON CASES_JSON");
             System.exit(2);
         }
     }
