@@ -229,6 +229,23 @@ def test_the_page_defaults_to_the_measured_penalty():
     assert float(value) == DEFAULT_REPETITION_PENALTY
 
 
+def test_repeat_counts():
+    from hrm_edge.measure.repetition import header_prompts, line_repeats, ngram_repeats, parse_penalties
+
+    assert ngram_repeats([1, 2, 3, 4, 1, 2, 3, 4, 1]) == (2, 6)  # (1,2,3,4) and (2,3,4,1) come back once each
+    assert ngram_repeats([1, 2, 3]) == (0, 0)
+    assert line_repeats("a = 1\n  a = 1\n\nb\na = 1") == (1, 3)  # the unfinished last line does not count
+    text = "import os\n" + "x = 1\n" * 150 + "def load(path):\n    return path\nclass A:\n"
+    (p,) = header_prompts(text, 5)[:1]
+    assert p.text.endswith("def load(path):\n") and p.truth.startswith("    return path")
+    assert len(p.text.encode()) <= 600 and p.text.startswith("x = 1\n")  # whole lines of the last 600 bytes
+    assert [q.text[-9:] for q in header_prompts(text, 5)] == ["f load(path):\n"[-9:], "class A:\n"]
+    assert parse_penalties("1,1.1,1.25") == [1.0, 1.1, 1.25]
+    for bad in ("", "0.9", "1,x", "11"):
+        with pytest.raises(ValueError):
+            parse_penalties(bad)
+
+
 def body_after_def_load(export_dir, runtime: str, *extra) -> str:
     proc = run_module("hrm_edge.complete", "--artifacts", export_dir, "--runtime", runtime, "--temperature", "0",
                       "--max-new-tokens", "24", *extra, MUST_SHOW)
