@@ -221,12 +221,16 @@ def test_the_page_heals_and_penalises_like_python(tok, vocab_bytes, tmp_path):
     check_client_healing(proc.stdout, cases, vocab_bytes)
 
 
-def test_the_page_defaults_to_the_measured_penalty():
+def test_every_client_defaults_to_the_measured_penalty():
+    from hrm_edge.app.complete import parser
     from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY
 
     html = (REPO / "hrm_edge" / "app" / "web" / "index.html").read_text()
-    value = re.search(r'<input id="repetition"[^>]* value="([^"]+)"', html).group(1)
-    assert float(value) == DEFAULT_REPETITION_PENALTY
+    page = re.search(r'<input id="repetition"[^>]* value="([^"]+)"', html).group(1)
+    java = (REPO / "android_demo" / "app" / "src" / "main" / "java" / "org" / "hrmedge" / "core" / "Sampling.java").read_text()
+    core = re.search(r"DEFAULT_REPETITION_PENALTY = ([\d.]+);", java).group(1)
+    cli = parser().parse_args(["x"]).repetition_penalty
+    assert float(page) == float(core) == cli == DEFAULT_REPETITION_PENALTY > 1
 
 
 def test_repeat_counts():

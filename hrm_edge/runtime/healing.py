@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DEFAULT_REPETITION_PENALTY = 1.0  # complete's and the clients' default (measured: docs/demo.md)
+DEFAULT_REPETITION_PENALTY = 1.2  # complete's and the clients' default (measured: docs/demo.md)
 
 
 def byte_decoder() -> dict[str, int]:

@@ -7,6 +7,9 @@ import java.util.Random;
  * the repetition penalty of hrm_edge/runtime/healing.py (applied to the logits before sampling).
  */
 public final class Sampling {
+    /** hrm_edge/runtime/healing.py's DEFAULT_REPETITION_PENALTY (measured in docs/demo.md; tests check they agree). */
+    public static final double DEFAULT_REPETITION_PENALTY = 1.2;
+
     private Sampling() {}
 
     /** First maximum on ties, like numpy's argmax. */
