@@ -61,6 +61,13 @@ def test_unwritable_out(tmp_path):
     assert_user_error(run_module("hrm_edge.export", "--preset", "tiny", "--out", blocker / "out"), "not writable")
 
 
+def test_repetition_penalties_out_of_range():
+    assert_user_error(run_module("hrm_edge.evaluate", "hrm_edge/default_model", "--repetition", "1,0.5"),
+                      "--repetition takes penalties in [1, 10]")
+    assert_user_error(run_module("hrm_edge.complete", "--repetition-penalty", "0.9", "def "),
+                      "--repetition-penalty must be in [1, 10]")
+
+
 def test_parity_on_a_non_export_folder(tmp_path):
     assert_user_error(run_module("hrm_edge.parity", tmp_path), "no manifest.json")
     assert_user_error(run_module("hrm_edge.parity", tmp_path / "nope"), "not found")
