@@ -37,7 +37,8 @@ def java(classes: Path, *args, timeout=300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-CORE_CLASSES = ["ByteLevelBpe", "GenerationStats", "Json", "ParityMetrics", "Sampling", "WebBundle", "WordSuggester"]
+CORE_CLASSES = ["ByteLevelBpe", "GenerationStats", "Json", "ParityMetrics", "Sampling", "TokenHealing", "WebBundle",
+                "WordSuggester"]
 
 
 def test_core_has_no_android_imports():
@@ -109,6 +110,22 @@ def test_java_tokenizer_equals_python_tokenizers(classes, tmp_path):
         ids = tok.encode(text, add_special_tokens=False).ids
         assert json.loads(lines[2 * i]) == ids, text[:60]
         assert json.loads(lines[2 * i + 1]) == tok.decode(ids), text[:60]
+
+
+def test_java_heals_and_penalises_like_python(classes, tmp_path):
+    """TokenHealing and Sampling.penalizeRepetition on the shipped tokenizer: the same healed context, allowed first
+    tokens and penalised logits (bit for bit) as hrm_edge.runtime.healing, on test_healing's cases."""
+    from hrm_edge.runtime.healing import token_bytes
+    from hrm_edge.train.tokenizer import load_tokenizer
+    from test_healing import check_client_healing, healing_cases
+
+    path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
+    tok = load_tokenizer(path)
+    cases = healing_cases(tok)
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    proc = java(classes, "org.hrmedge.core.CoreCli", "heal", path, tmp_path / "cases.json")
+    assert proc.returncode == 0, proc.stderr
+    check_client_healing(proc.stdout, cases, token_bytes(tok))
 
 
 @pytest.mark.slow

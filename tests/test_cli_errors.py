@@ -61,6 +61,13 @@ def test_unwritable_out(tmp_path):
     assert_user_error(run_module("hrm_edge.export", "--preset", "tiny", "--out", blocker / "out"), "not writable")
 
 
+def test_repetition_penalties_out_of_range():
+    assert_user_error(run_module("hrm_edge.evaluate", "hrm_edge/default_model", "--repetition", "1,0.5"),
+                      "--repetition takes penalties in [1, 10]")
+    assert_user_error(run_module("hrm_edge.complete", "--repetition-penalty", "0.9", "def "),
+                      "--repetition-penalty must be in [1, 10]")
+
+
 def test_parity_on_a_non_export_folder(tmp_path):
     assert_user_error(run_module("hrm_edge.parity", tmp_path), "no manifest.json")
     assert_user_error(run_module("hrm_edge.parity", tmp_path / "nope"), "not found")
@@ -78,7 +85,8 @@ COMMANDS = {
     "parity": ("hrm_edge.verify.parity", "--bundle-only --formats --target --cpu"),
     "arm64": ("hrm_edge.verify.arm64_toolchain", "--no-pte"),
     "complete": ("hrm_edge.app.complete", "--artifacts --runtime --precision --max-new-tokens --temperature --top-k "
-                 "--top-p --seed --threads --truncate --no-verify --speculative --draft-len --exit-threshold --verbose"),
+                 "--top-p --seed --repetition-penalty --no-heal --threads --truncate --no-verify --speculative --draft-len "
+                 "--exit-threshold --verbose"),
     "demo": ("hrm_edge.app.demo", "--host --port --no-verify --quiet --verbose --keyboard-bench --keyboard-chars "
                                    "--keyboard-text"),
     "bench": ("hrm_edge.measure.bench", "--threads --seq-len --repeats --prompt-len --new-tokens --no-baseline --peers "
@@ -86,7 +94,7 @@ COMMANDS = {
     "peers": ("hrm_edge.measure.peers", "--out --shape --build-only --threads --prompt-len --new-tokens --repeats "
               "--no-weight-cache --json --verbose"),
     "evaluate": ("hrm_edge.measure.evaluate", "--corpus --max-bytes --seq-len --samples --threads --out --depth-curve "
-                 "--keyboard --keyboard-chars --ngram --keyboard-graph"),
+                 "--keyboard --keyboard-chars --ngram --keyboard-graph --repetition"),
     "study": ("hrm_edge.measure.study", "--budget --out --only --resume --corpus --threads --decode-threads "
               "--decode-ablations --train-only --no-progress --verbose"),
     "sysdeps": ("hrm_edge.verify.sysdeps", "--check"),

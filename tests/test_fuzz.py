@@ -136,14 +136,15 @@ def test_complete_arguments(folders, data):
     options = {"--artifacts": folder, "--runtime": st.sampled_from(complete.RUNTIMES),
                "--precision": st.sampled_from(["fp32", "int8"]), "--max-new-tokens": EDGE_INT,
                "--temperature": EDGE_REAL, "--top-k": EDGE_INT, "--top-p": EDGE_REAL, "--seed": EDGE_INT,
-               "--threads": EDGE_INT}
+               "--threads": EDGE_INT, "--repetition-penalty": EDGE_REAL}
     if data.draw(st.booleans()):
         base = ["--artifacts", str(folders["good"]), "--runtime", "eager", "--max-new-tokens", "3", "def f("]
-        argv = base + data.draw(argv_of(options, ["--truncate", "--no-verify"], max_flags=2, junk=False))
+        argv = base + data.draw(argv_of(options, ["--truncate", "--no-verify", "--no-heal"], max_flags=2, junk=False))
         code, out, err = run_in_process(complete.main, argv)
         assert_outcome(code, out, err, *complete_outcome(argv, folders))
     else:  # any flags, any values: the property is the one-line refusal, whichever exit code
-        argv = data.draw(argv_of(options, ["--truncate", "--no-verify"], st.lists(ARG_TEXT, max_size=1), max_flags=3))
+        argv = data.draw(argv_of(options, ["--truncate", "--no-verify", "--no-heal"], st.lists(ARG_TEXT, max_size=1),
+                                 max_flags=3))
         code, _, err = run_in_process(complete.main, argv, stdin=b"def f(")
         assert_exit_0_or_2(code, err)
 
@@ -163,6 +164,8 @@ def complete_outcome(argv: list, folders) -> tuple[int, str]:
         return 2, "--max-new-tokens must be"
     if not (a.temperature == 0 or 1e-4 <= a.temperature <= 1e4) or not 0 < a.top_p <= 1 or a.top_k < 0:
         return 2, "--temperature must be"
+    if not 1 <= a.repetition_penalty <= 10:
+        return 2, "--repetition-penalty must be"
     runnable = a.artifacts == folders["good"] or (a.artifacts == folders["bad"]["flipped"] and a.no_verify)
     return (0, "") if runnable and a.runtime == "eager" and a.precision == "fp32" else (2, "")
 
@@ -176,14 +179,15 @@ def test_complete_flag_edges_one_at_a_time(folders):
     """Systematic, beside the random search: each numeric flag at each edge value, on a command that generates."""
     base = ["--artifacts", str(folders["good"]), "--runtime", "eager", "--max-new-tokens", "2", "def f("]
     flags = {"--max-new-tokens": "int", "--top-k": "int", "--seed": "int", "--threads": "int", "--temperature": "real",
-             "--top-p": "real"}
+             "--top-p": "real", "--repetition-penalty": "real"}
     # the values each flag accepts (its --help's range); every other edge value is refused in one line
     valid = {"--max-new-tokens": {"1", "2", "255", "256", "257", "4294967296"},
              "--top-k": {"0", "1", "2", "255", "256", "257", "4294967296"},
              "--seed": {"0", "1", "2", "255", "256", "257", "4294967296"},
              "--threads": {"0", "1", "2", "255", "256"},
              "--temperature": {"0", "-0.0", "1e-4", "0.5", "1", "1.0000001", "1e4"},
-             "--top-p": {"5e-324", "1e-310", "1e-5", "1e-4", "0.5", "1"}}
+             "--top-p": {"5e-324", "1e-310", "1e-5", "1e-4", "0.5", "1"},
+             "--repetition-penalty": {"1", "1.0000001"}}
     for flag, kind in flags.items():
         for value in EDGES[kind]:
             code, out, err = run_in_process(complete.main, base + [flag, value])
@@ -307,14 +311,21 @@ def tokenizer():
     return load_tokenizer(SHIPPED_TOKENIZER)
 
 
+@pytest.fixture(scope="module")
+def vocab_bytes(tokenizer):
+    from hrm_edge.runtime.healing import token_bytes
+
+    return token_bytes(tokenizer)
+
+
 @settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_streamed_text_is_the_decoded_text(tokenizer, data):
+def test_streamed_text_is_the_decoded_text(tokenizer, vocab_bytes, data):
     """Any token ids a model can emit (byte tokens that split a character, EOS, specials): streaming never raises,
     writes each piece once, and writes exactly what decoding all the ids at once gives."""
     ids = data.draw(st.lists(st.integers(0, tokenizer.get_vocab_size() - 1), max_size=40))
     pieces = []
-    stream = complete.TextStream(tokenizer, pieces.append)
+    stream = complete.TextStream(vocab_bytes, pieces.append)
     for token in ids:
         stream.add(token)
     stream.finish()

@@ -4,6 +4,8 @@ one token at a time from the KV cache, streaming the text as it comes.
     python -m hrm_edge.complete --artifacts export/out --runtime executorch "def "
     echo "import os" | python -m hrm_edge.complete --artifacts export/out --runtime onnx --temperature 0.8
 
+The prompt's last token is healed (hrm_edge.runtime.healing: taken back, and the first new token must start with its
+bytes; --no-heal turns it off), and tokens already in the text are made less likely by --repetition-penalty.
 The last line reports prefill and decode tokens/s. --runtime eager runs the PyTorch model from the same
 folder (model.safetensors) with its KV cache. Before loading anything, the files it will load (tokenizer.json
 and the program, or config.json and model.safetensors) are checked against the manifest's sha256;
@@ -22,6 +24,7 @@ from hrm_edge.errors import UserError, first_line, run_cli
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, Sampling, generate
+from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY, heal_prompt, token_bytes
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, generate_speculative,
                                           speculative_set)
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
@@ -124,23 +127,28 @@ def read_prompt(arg: str | None) -> str:
 
 class TextStream:
     """Streams decoded text token by token: a piece is written once its characters are complete (a multi-byte
-    character split across tokens decodes to a trailing U+FFFD until its last byte arrives)."""
+    character split across tokens decodes to a trailing U+FFFD until its last byte arrives). vocab_bytes: each
+    token id's bytes (hrm_edge.runtime.healing.token_bytes); the first `skip` bytes are not written (a healed
+    first token re-spells the prompt's last token)."""
 
-    def __init__(self, tok, write):
-        self.tok, self.write = tok, write
-        self.ids: list[int] = []
+    def __init__(self, vocab_bytes: list[bytes], write, skip: int = 0):
+        self.vocab_bytes, self.write, self.skip = vocab_bytes, write, skip
+        self.data = b""
         self.printed = ""
 
+    def text(self) -> str:
+        return self.data[self.skip:].decode("utf-8", errors="replace")
+
     def add(self, token: int) -> None:
-        self.ids.append(token)
-        text = self.tok.decode(self.ids)
+        self.data += self.vocab_bytes[token]
+        text = self.text()
         if not text.endswith("\ufffd") and text.startswith(self.printed):
             self.write(text[len(self.printed):])
             self.printed = text
 
     def finish(self) -> None:
         """What is left (an incomplete character is written as U+FFFD)."""
-        text = self.tok.decode(self.ids)
+        text = self.text()
         if text.startswith(self.printed):
             self.write(text[len(self.printed):])
             self.printed = text
@@ -159,6 +167,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--repetition-penalty", type=float, default=DEFAULT_REPETITION_PENALTY,
+                   help="divide positive logits (multiply negative ones) of tokens already in the text by this "
+                        f"(1 = off; default {DEFAULT_REPETITION_PENALTY}, measured: docs/demo.md)")
+    p.add_argument("--no-heal", action="store_true",
+                   help="no token healing (by default the prompt's last token is taken back and the first new token "
+                        "must start with its text)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1, like one phone core)")
     p.add_argument("--truncate", action="store_true",
                    help="keep the last tokens of a prompt longer than the context instead of refusing it")
@@ -186,6 +200,8 @@ def main(argv=None) -> int:
     # (written so that NaN fails too) a positive temperature below 1e-4 overflows the scaled logits: 0 is greedy
     if not (a.temperature == 0 or 1e-4 <= a.temperature <= 1e4) or not 0 < a.top_p <= 1 or a.top_k < 0:
         raise UserError("--temperature must be 0 (greedy) or in [1e-4, 1e4], --top-p in (0, 1], --top-k >= 0")
+    if not 1 <= a.repetition_penalty <= 10:
+        raise UserError("--repetition-penalty must be in [1, 10] (1 = off)")
     prompt = read_prompt(a.prompt)
     manifest = read_manifest(a.artifacts)
     t_verify = time.perf_counter()
@@ -218,10 +234,12 @@ def main(argv=None) -> int:
         sys.stdout.flush()
 
     write(prompt)
-    stream = TextStream(tok, write)
+    vocab_bytes = token_bytes(tok)
+    context, heal = heal_prompt(ids, vocab_bytes) if not a.no_heal else (ids, None)
+    stream = TextStream(vocab_bytes, write, skip=len(heal.prefix) if heal else 0)
     run = functools.partial(generate_speculative, draft_len=a.draft_len) if a.speculative else generate
-    g = run(decoder, ids, a.max_new_tokens, Sampling(a.temperature, a.top_k, a.top_p, a.seed), eos_id=eos_id(tok),
-            on_token=stream.add)
+    sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed, a.repetition_penalty)
+    g = run(decoder, context, a.max_new_tokens, sampling, eos_id=eos_id(tok), on_token=stream.add, heal=heal)
     stream.finish()
     write("\n")
     name = files[1].name if len(files) > 1 and a.runtime != "eager" else files[-1].name
@@ -229,7 +247,7 @@ def main(argv=None) -> int:
     if a.exit_threshold is not None:
         name += f", exit >= {a.exit_threshold:g}: {decoder.depths.count(1)}/{len(decoder.depths)} decode steps exited"
     stop = "EOS" if g.stopped_at_eos else "max length"
-    print(f"[{a.runtime} {name}, {a.threads} thread(s)] prefill {len(ids)} tokens at {g.prefill_tokens_per_s:.0f} "
+    print(f"[{a.runtime} {name}, {a.threads} thread(s)] prefill {g.prompt_len} tokens at {g.prefill_tokens_per_s:.0f} "
           f"tokens/s, decode {len(g.tokens)} tokens at {g.decode_tokens_per_s:.0f} tokens/s (stopped at {stop}); "
           f"{'sha256 of' if not a.no_verify else 'unverified:'} {len(files)} files "
           f"({sum(f.stat().st_size for f in files) / 1e6:.1f} MB) in {verify_ms:.0f} ms")

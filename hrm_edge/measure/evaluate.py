@@ -150,7 +150,14 @@ def main(argv=None) -> int:
                    "trained on the corpus's training split and saved there (default: OUT/keyboard-ngram.npz)")
     p.add_argument("--keyboard-graph", type=Path, help="--keyboard: suggest through this exported KV graph (e.g. the "
                    "page's EXPORT/hrm.int8-static-perstep.kv.onnx) instead of the eager checkpoint (one checkpoint)")
+    p.add_argument("--repetition", metavar="PENALTIES",
+                   help="instead: how often continuations of held-out code repeat themselves at these repetition "
+                        "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
     a = p.parse_args(argv)
+    if a.repetition is not None:
+        from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module
+
+        return run_repetition(a)
     if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
         raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
     names = [c.resolve().name if c.name in ("", ".") else c.name for c in a.checkpoints]

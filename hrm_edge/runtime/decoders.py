@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
+from hrm_edge.runtime.healing import Heal, shape_logits
 from hrm_edge.runtime.xnnpack_options import set_weight_cache
 
 
@@ -124,6 +125,7 @@ class Sampling:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     seed: int = 0
+    repetition_penalty: float = 1.0  # 1 = off (hrm_edge.runtime.healing.penalize_repetition)
 
 
 def sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> int:
@@ -189,15 +191,18 @@ def prefill_prompt(decoder, prompt: list[int], g: Generation) -> tuple[np.ndarra
 
 
 def generate(decoder, prompt: list[int], max_new_tokens: int, sampling: Sampling = Sampling(),
-             eos_id: int | None = None, on_token: Callable[[int], None] | None = None) -> Generation:
-    """Prefill the prompt, then sample up to max_new_tokens (stopping at EOS or the context length)."""
+             eos_id: int | None = None, on_token: Callable[[int], None] | None = None,
+             heal: Heal | None = None) -> Generation:
+    """Prefill the prompt, then sample up to max_new_tokens (stopping at EOS or the context length). With heal
+    (hrm_edge.runtime.healing.heal_prompt; prompt is then the healed one) the first token is constrained."""
     rng = np.random.default_rng(sampling.seed)
     g = Generation(prompt_len=len(prompt))
     logits, room = prefill_prompt(decoder, prompt, g)
     t = time.perf_counter()
     budget = min(max_new_tokens, room)
     for i in range(budget):
-        token = sample(logits, sampling, rng)
+        z = shape_logits(logits, list(prompt) + g.tokens, sampling.repetition_penalty, heal if i == 0 else None)
+        token = sample(z, sampling, rng)
         if g.add(token, eos_id, on_token):
             break
         if i + 1 < budget:

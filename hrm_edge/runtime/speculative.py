@@ -31,6 +31,7 @@ import numpy as np
 
 from hrm_edge.runtime.decoders import (Generation, OnnxDecoder, PteDecoder, Sampling, ort_session, prefill_prompt,
                                        sample, sampling_probs)
+from hrm_edge.runtime.healing import Heal, penalize_repetition, shape_logits
 
 DEFAULT_DRAFT_LEN = 4  # k: proposals verified per round (measured: see docs/measurements.md)
 PROGRAMS = ("kv", "draft", "verify")  # the file-name word of each graph: hrm.fp32.kv.onnx, hrm.fp32.draft.onnx, ...
@@ -60,12 +61,14 @@ class SpeculativeGeneration(Generation):
         return float(np.mean(self.round_tokens)) if self.round_tokens else 0.0
 
 
-def accept_greedy(full: np.ndarray, proposals: list[int]) -> list[int]:
+def accept_greedy(full: np.ndarray, proposals: list[int], context: list[int] = (), penalty: float = 1.0) -> list[int]:
     """full [n, V] logits at the drafted positions, proposals [n - 1]: the input drafted after each position.
-    Returns the full model's tokens, up to and including its first disagreement with a proposal."""
+    Returns the full model's tokens, up to and including its first disagreement with a proposal. context: the
+    tokens before the round (prompt and generated), whose repetition `penalty` applies at every position, with
+    the proposals before that position (its own prefix: the same logits plain decoding would shape)."""
     out = []
     for i, logits in enumerate(full):
-        token = int(np.argmax(logits))
+        token = int(np.argmax(penalize_repetition(logits, list(context) + proposals[:i], penalty)))
         out.append(token)
         if i == len(proposals) or token != proposals[i]:
             break
@@ -73,13 +76,14 @@ def accept_greedy(full: np.ndarray, proposals: list[int]) -> list[int]:
 
 
 def accept_sampled(full: np.ndarray, draft_probs: list[np.ndarray], proposals: list[int], s: Sampling,
-                   rng: np.random.Generator) -> list[int]:
+                   rng: np.random.Generator, context: list[int] = ()) -> list[int]:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): proposal d drawn from q is kept with
     probability min(1, p(d) / q(d)); on rejection the token is drawn from max(0, p - q), renormalised. The
-    kept tokens are distributed as the full model's own samples. draft_probs[i] is q at position i."""
+    kept tokens are distributed as the full model's own samples. draft_probs[i] is q at position i; the
+    repetition penalty as in accept_greedy."""
     out = []
     for i, logits in enumerate(full):
-        p = sampling_probs(logits, s)
+        p = sampling_probs(penalize_repetition(logits, list(context) + proposals[:i], s.repetition_penalty), s)
         if i == len(proposals):
             out.append(int(rng.choice(len(p), p=p)))
             break
@@ -112,13 +116,16 @@ def teacher_forced_logits(decoder, tokens: np.ndarray, prefill_len: int, draft_l
     return np.stack(out)
 
 
-def draft_round(decoder, token: int, n: int, s: Sampling, rng: np.random.Generator) -> tuple[list, list]:
-    """n draft calls from `token`: (proposals [n - 1] — the inputs of positions 2..n —, q of each position)."""
+def draft_round(decoder, token: int, n: int, s: Sampling, rng: np.random.Generator,
+                context: list[int] = ()) -> tuple[list, list]:
+    """n draft calls from `token`: (proposals [n - 1] — the inputs of positions 2..n —, q of each position);
+    the draft's logits shaped by the repetition penalty over context and the proposals so far."""
     proposals, probs = [], []
     for i in range(n):
         logits = decoder.draft(token)
         if i == n - 1:
             break  # the last position's proposal would only be verified by the next round
+        logits = penalize_repetition(logits, list(context) + proposals, s.repetition_penalty)
         if s.temperature <= 0:
             token = int(np.argmax(logits))
         else:
@@ -131,14 +138,15 @@ def draft_round(decoder, token: int, n: int, s: Sampling, rng: np.random.Generat
 
 def generate_speculative(decoder, prompt: list[int], max_new_tokens: int, sampling: Sampling = Sampling(),
                          eos_id: int | None = None, on_token: Callable[[int], None] | None = None,
-                         draft_len: int = DEFAULT_DRAFT_LEN) -> SpeculativeGeneration:
+                         draft_len: int = DEFAULT_DRAFT_LEN, heal: Heal | None = None) -> SpeculativeGeneration:
     """hrm_edge.runtime.decoders.generate's contract, drafted by the first cycle and verified by the full depth."""
     rng = np.random.default_rng(sampling.seed)
     g = SpeculativeGeneration(prompt_len=len(prompt), draft_len=draft_len)
     logits, room = prefill_prompt(decoder, prompt, g)
     t = time.perf_counter()
     budget = min(max_new_tokens, room)
-    new = [sample(logits, sampling, rng)]
+    penalty = sampling.repetition_penalty
+    new = [sample(shape_logits(logits, prompt, penalty, heal), sampling, rng)]
     while True:
         for token in new[: budget - len(g.tokens)]:
             if g.add(token, eos_id, on_token):
@@ -147,10 +155,11 @@ def generate_speculative(decoder, prompt: list[int], max_new_tokens: int, sampli
             break
         # positions left in the context: the round drafts at most that many (its last input is g.tokens[-1])
         n = min(draft_len + 1, budget - len(g.tokens))
-        proposals, probs = draft_round(decoder, g.tokens[-1], n, sampling, rng)
+        context = list(prompt) + g.tokens
+        proposals, probs = draft_round(decoder, g.tokens[-1], n, sampling, rng, context)
         full = decoder.verify()  # [n, V]
-        new = (accept_greedy(full, proposals) if sampling.temperature <= 0
-               else accept_sampled(full, probs, proposals, sampling, rng))
+        new = (accept_greedy(full, proposals, context, penalty) if sampling.temperature <= 0
+               else accept_sampled(full, probs, proposals, sampling, rng, context))
         decoder.commit(len(new))
         g.rounds += 1
         g.proposed += len(proposals)

@@ -2,6 +2,7 @@
 // Everything runs in this browser; the server (hrm_edge/app/demo.py) only hands out files. /demo.json says
 // which models, tokenizer and web parity bundle this export has.
 import { generate } from "./generate.mjs";
+import { healPrompt, textAfter } from "./healing.mjs";
 import { KvModel, fetchOk, loadTokenizer, runtimeInfo } from "./model.mjs";
 import { loadWebBundle, selfTest } from "./selftest.mjs";
 import { TypedContext, suggestWords } from "./suggest.mjs";
@@ -100,7 +101,8 @@ function insertAtCursor(insert) {
 function completionSettings() {
   return { maxNewTokens: Math.max(1, parseInt($("max-new").value, 10) || 64),
            temperature: Math.max(0, parseFloat($("temperature").value) || 0),
-           topK: Math.max(0, parseInt($("top-k").value, 10) || 0), seed: 0, eosId: state.config.tokenizer.eos_id };
+           topK: Math.max(0, parseInt($("top-k").value, 10) || 0), seed: 0, eosId: state.config.tokenizer.eos_id,
+           repetitionPenalty: Math.min(10, Math.max(1, parseFloat($("repetition").value) || 1)) };
 }
 
 async function complete() {
@@ -111,6 +113,9 @@ async function complete() {
   const room = state.model.maxSeqLen - 1; // at least one new token
   const truncated = prompt.length > room;
   if (truncated) prompt = prompt.slice(prompt.length - room);
+  // token healing: the healed first token re-spells the prompt's last token, so its bytes are not shown
+  const { context, heal } = healPrompt(prompt, state.tokenizer.bytes);
+  const skip = heal ? heal.prefix.length : 0;
   setBusy(true);
   state.stop = false;
   $("suggestions").replaceChildren();
@@ -118,7 +123,7 @@ async function complete() {
   let shown = "", lastPaint = performance.now();
   const onToken = async (token) => {
     newIds.push(token);
-    const text = state.tokenizer.decode(newIds);
+    const text = textAfter(newIds, state.tokenizer.bytes, skip);
     if (!text.endsWith("\ufffd")) shown = text; // wait until a multi-byte character is complete
     if (performance.now() - lastPaint > 40) {
       box.value = before + shown + after;
@@ -127,12 +132,12 @@ async function complete() {
     }
   };
   try {
-    const g = await generate(state.model, prompt, completionSettings(), onToken, () => state.stop);
-    shown = state.tokenizer.decode(newIds);
+    const g = await generate(state.model, context, { ...completionSettings(), heal }, onToken, () => state.stop);
+    shown = textAfter(newIds, state.tokenizer.bytes, skip);
     box.value = before + shown + after;
     box.setSelectionRange(before.length + shown.length, before.length + shown.length);
     $("stats").textContent = `${g.tokens.length} tokens, decode ${g.decodeTokensPerS.toFixed(0)} tokens/s, ` +
-      `prefill ${prompt.length} tokens at ${g.prefillTokensPerS.toFixed(0)} tokens/s (stopped at ${g.stoppedAt}` +
+      `prefill ${context.length} tokens at ${g.prefillTokensPerS.toFixed(0)} tokens/s (stopped at ${g.stoppedAt}` +
       `${truncated ? "; prompt cut to the context" : ""})`;
     window.hrmDemo.lastCompletion = { prompt: before, ids: g.tokens, text: shown, ...g };
   } catch (e) {

@@ -1,7 +1,9 @@
 // Sampling and the prefill + decode loop, with the semantics of hrm_edge/runtime/decoders.py (sample, generate):
 // temperature 0 is greedy (argmax, the first maximum on ties, like numpy), so a greedy completion here
 // equals `python -m hrm_edge.complete --runtime onnx` token for token. Sampled completions use this page's
-// own seeded generator, so they are reproducible here but not the same draws as numpy's.
+// own seeded generator, so they are reproducible here but not the same draws as numpy's. Token healing and the
+// repetition penalty shape the logits first (healing.mjs, hrm_edge/runtime/healing.py).
+import { shapeLogits } from "./healing.mjs";
 import { row } from "./model.mjs";
 
 export function argmax(values) {
@@ -21,7 +23,7 @@ export function seededRandom(seed) {
   };
 }
 
-// logits: Float32Array [V]; {temperature, topK}; random: () => [0, 1). Returns a token id.
+// logits: Float32Array or Float64Array [V]; {temperature, topK}; random: () => [0, 1). Returns a token id.
 export function sample(logits, { temperature = 0, topK = 0 }, random) {
   if (!(temperature > 0)) return argmax(logits);
   const z = Float64Array.from(logits, (x) => x / temperature);
@@ -51,10 +53,12 @@ export function softmax(values) {
 }
 
 // Prefill the prompt, then sample up to maxNewTokens (stopping at EOS, the context length or when
-// shouldStop() says so). onToken(token) is awaited after each token (the page streams text there).
+// shouldStop() says so). onToken(token) is awaited after each token (the page streams text there). With
+// settings.heal (healPrompt's; prompt is then the healed one) the first token is constrained.
 // Returns {tokens, prefillMs, decodeMs, prefillTokensPerS, decodeTokensPerS, stoppedAt}.
 export async function generate(model, prompt, settings, onToken, shouldStop = () => false) {
-  const { maxNewTokens = 64, temperature = 0, topK = 0, seed = 0, eosId = null } = settings;
+  const { maxNewTokens = 64, temperature = 0, topK = 0, seed = 0, eosId = null, repetitionPenalty = 1,
+          heal = null } = settings;
   const random = seededRandom(seed);
   const tokens = [];
   let t = performance.now();
@@ -65,7 +69,8 @@ export async function generate(model, prompt, settings, onToken, shouldStop = ()
   const budget = Math.min(maxNewTokens, model.maxSeqLen - prompt.length);
   let stoppedAt = "max length";
   for (let i = 0; i < budget; i++) {
-    const token = sample(logits, { temperature, topK }, random);
+    const z = shapeLogits(logits, prompt.concat(tokens), repetitionPenalty, i === 0 ? heal : null);
+    const token = sample(z, { temperature, topK }, random);
     tokens.push(token);
     await onToken(token);
     if (eosId !== null && token === eosId) { stoppedAt = "EOS"; break; }

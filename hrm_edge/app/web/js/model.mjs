@@ -8,6 +8,7 @@
 // (pastRows). Python twin: hrm_edge/runtime/decoders.py OnnxDecoder.
 import * as ort from "onnxruntime-web";
 import { Tokenizer } from "@huggingface/tokenizers";
+import { tokenBytes } from "./healing.mjs";
 
 // The WASM runtime files are served next to ort.wasm.min.mjs (hrm_edge/app/demo.py VENDOR_FILES).
 ort.env.wasm.wasmPaths = "/vendor/ort/";
@@ -23,6 +24,7 @@ export async function loadTokenizer(url) {
     // add_special_tokens false and skip_special_tokens true: what hrm_edge.app.complete does in Python
     encode: (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
     decode: (ids) => tokenizer.decode(ids, { skip_special_tokens: true }),
+    bytes: tokenBytes(json), // of every token id, for token healing
   };
 }
 

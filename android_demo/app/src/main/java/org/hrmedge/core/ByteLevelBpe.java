@@ -134,6 +134,15 @@ public final class ByteLevelBpe {
         return ids;
     }
 
+    /** The bytes token id spells (none for a special token or an unknown id): what token healing compares. */
+    public byte[] tokenBytes(int id) {
+        String token = id >= 0 && id < idToToken.length ? idToToken[id] : null;
+        if (token == null || special.containsKey(token)) return new byte[0];
+        byte[] out = new byte[token.length()];
+        for (int i = 0; i < out.length; i++) out[i] = (byte) (int) CHAR_TO_BYTE.get(token.charAt(i));
+        return out;
+    }
+
     /** Text of ids, special tokens skipped; an incomplete UTF-8 sequence becomes U+FFFD, as in Python. */
     public String decode(int[] ids) {
         ByteArrayOutputStream bytes = new ByteArrayOutputStream();

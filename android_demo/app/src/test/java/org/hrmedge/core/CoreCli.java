@@ -6,6 +6,7 @@ import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.StringJoiner;
@@ -18,6 +19,9 @@ import java.util.StringJoiner;
  *   suggest TOKENIZER_JSON JOB       job: {vocab, allowed, max_seq_len, sequences: [[text, ...], ...]}; prints
  *                                    the JSON array of each text's words [label, insert, probability, ending]
  *                                    from WordSuggester on HashStepModel, one suggester (cache) per sequence
+ *   heal TOKENIZER_JSON CASES        cases: a JSON array of {text, logits, generated, penalty}; per case prints the
+ *                                    healed context's ids, the allowed first tokens' ids, and the logits penalised
+ *                                    over context + generated as the raw bits of each double
  */
 public final class CoreCli {
     private CoreCli() {}
@@ -42,9 +46,31 @@ public final class CoreCli {
         } else if (args.length == 3 && args[0].equals("suggest")) {
             ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
             System.out.println(suggest(tok, Json.object(Json.parse(Files.readString(Path.of(args[2]), StandardCharsets.UTF_8)))));
+        } else if (args.length == 3 && args[0].equals("heal")) {
+            ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
+            byte[][] vocabBytes = TokenHealing.vocabBytes(tok);
+            for (Object c : Json.array(Json.parse(Files.readString(Path.of(args[2]), StandardCharsets.UTF_8)))) {
+                Map<String, Object> heal = Json.object(c);
+                TokenHealing h = TokenHealing.heal(tok.encode((String) heal.get("text")), vocabBytes);
+                List<Object> values = Json.array(heal.get("logits")), generated = Json.array(heal.get("generated"));
+                float[] logits = new float[values.size()];
+                for (int i = 0; i < logits.length; i++) logits[i] = (float) Json.number(values.get(i));
+                int[] context = Arrays.copyOf(h.context, h.context.length + generated.size());
+                for (int i = 0; i < generated.size(); i++) context[h.context.length + i] = (int) Json.number(generated.get(i));
+                StringJoiner ids = new StringJoiner(",", "[", "]"), allowed = new StringJoiner(",", "[", "]");
+                StringJoiner bits = new StringJoiner(",", "[", "]");
+                for (int id : h.context) ids.add(Integer.toString(id));
+                for (int i = 0; h.allowed != null && i < h.allowed.length; i++) if (h.allowed[i]) allowed.add(Integer.toString(i));
+                for (double z : Sampling.penalizeRepetition(logits, context, Json.number(heal.get("penalty")))) {
+                    bits.add(Long.toString(Double.doubleToRawLongBits(z)));
+                }
+                System.out.println(ids);
+                System.out.println(allowed);
+                System.out.println(bits);
+            }
         } else {
             System.err.println("usage: CoreCli parity BUNDLE LOGITS PRECISION | tokenize TOKENIZER_JSON TEXTS_JSON | "
-                    + "suggest TOKENIZER_JSON JOB_JSON");
+                    + "suggest TOKENIZER_JSON JOB_JSON | heal TOKENIZER_JSON CASES_JSON");
             System.exit(2);
         }
     }
