@@ -157,8 +157,9 @@ def test_complete_runs_the_speculative_program_that_passed():
 @pytest.mark.slow
 def test_pte_speculative_program_is_exact(tmp_path):
     """The shipped model's speculative ExecuTorch program (forward, draft, verify over shared cache buffers):
-    verify's logits are the full program's, and greedy speculative decoding equals plain greedy decoding of the
-    full KV program (export_pte_decode's graph is the program's forward) token for token."""
+    draft's logits are the eager first cycle's readout, verify's the full program's, and greedy speculative
+    decoding equals plain greedy decoding of the full KV program (export_pte_decode's graph is the program's
+    forward) token for token."""
     from hrm_edge.export.executorch import export_pte_speculative
 
     model, tokenizer = shipped()
@@ -168,9 +169,11 @@ def test_pte_speculative_program_is_exact(tmp_path):
     reference = full.prefill(np.array(prompt))  # [S, V]
     spec.reset()
     spec.prefill(np.array(prompt[:-5]))
-    for token in prompt[-5:]:
-        spec.draft(token)
+    drafted = np.stack([spec.draft(token) for token in prompt[-5:]])  # [5, V]
     np.testing.assert_allclose(spec.verify(), reference[-5:], atol=1e-4, rtol=0)
+    with torch.no_grad():
+        cycle1 = model(torch.tensor([prompt]), aux=True)[0][0, -5:].numpy()  # the first outer cycle's readout
+    np.testing.assert_allclose(drafted, cycle1, atol=1e-4 * np.ptp(cycle1), rtol=0)
     for draft_len, start in [(3, 900), (6, 2700)]:
         prompt = code_prompt(start)
         plain = generate(full, prompt, 60)
