@@ -1,7 +1,11 @@
 """The decode benchmark's ratios and the weight-byte accounting of the .pte programs (fast, no export)."""
 import torch
 
-from hrm_edge.measure.bench import add_decode_ratios, lead_rows, render_peer_ratios
+from pathlib import Path
+
+from hrm_edge.measure.bench import add_decode_ratios, lead_rows, render_peer_ratios, speculative_jobs
+from hrm_edge.runtime.manifest import Artifact
+from hrm_edge.verify.parity import host_target
 from hrm_edge.config import ModelConfig
 from hrm_edge.model.lm import HRMLM
 from hrm_edge.export.quantize import INT4_GROUP, pte_weight_bytes, weight_bytes
@@ -73,3 +77,22 @@ def test_the_lead_reports_speculative_decoding_apart_from_full_depth():
     assert set(lead[0]) >= {"runtime", "precision", "mode", "ours", "ours_tokens_per_s", "peer", "peer_tokens_per_s",
                             "ratio"}
     assert "| speculative | hrm.fp32.kv.onnx |" in render_peer_ratios({"decode": {"rows": rows, "lead": lead}})
+
+
+def test_speculative_rows_for_the_executorch_program_and_the_onnx_set():
+    """The .pte program holds its draft and verify methods: one file, its own verdict; an ONNX KV graph runs with
+    its draft and verify graphs and passes where all three passed."""
+    def art(path, fmt, program, passed=True):
+        return Artifact.new(path, fmt, "fp32", program, "unrolled", parity={host_target(): {"passed": passed}})
+
+    manifest = {"model": {"arch": "hrm"}, "artifacts": [
+        art("hrm.fp32.kv.pte", "pte", "kv_cache"), art("hrm.fp32.spec.pte", "pte", "speculative", passed=False),
+        art("hrm.fp32.kv.onnx", "onnx", "kv_cache"), art("hrm.fp32.draft.onnx", "onnx", "draft"),
+        art("hrm.fp32.verify.onnx", "onnx", "verify")]}
+    jobs = {j.name: j for j in speculative_jobs(Path("out"), manifest)}
+    assert set(jobs) == {"eager", "hrm.fp32.spec.pte", "hrm.fp32.kv.onnx"}
+    assert all(j.mode == "speculative" for j in jobs.values())
+    pte = jobs["hrm.fp32.spec.pte"]
+    assert (pte.format, pte.draft, pte.verify, pte.label) == ("pte", "", "", "hrm.fp32.spec.pte (speculative)")
+    assert jobs["hrm.fp32.kv.onnx"].draft == "hrm.fp32.draft.onnx" and jobs["hrm.fp32.kv.onnx"].passed
+    assert pte.passed is False  # timed, but never the lead

@@ -281,12 +281,17 @@ def test_kv_cache_programs_decode_like_the_full_model(tiny_export):
 
 def test_speculative_graphs_pass_as_a_set(tiny_export):
     """The draft and verify graphs (fp32, and int8 with the per-step plan) each pass the gate as self-speculative
-    decoding with their KV graph: logits at every verified position vs the eager references, and the greedy
-    continuation; fp32 reproduces the eager model's greedy tokens exactly."""
+    decoding with their KV graph, and the ExecuTorch programs with draft and verify methods (fp32, int8 dynamic)
+    with their own: logits at every verified position vs the eager references, and the greedy continuation; fp32
+    reproduces the eager model's greedy tokens exactly."""
     m = load_manifest(tiny_export)
-    spec = [a for a in m["artifacts"] if a["program"] in ("draft", "verify")]
-    assert sorted(a["path"] for a in spec) == sorted(f"hrm.{p}.{g}.onnx" for p in ("fp32", "int8-static-perstep")
-                                                     for g in ("draft", "verify"))
+    spec = [a for a in m["artifacts"] if a["program"] in ("draft", "verify", "speculative")]
+    assert sorted(a["path"] for a in spec) == sorted([f"hrm.{p}.{g}.onnx" for p in ("fp32", "int8-static-perstep")
+                                                      for g in ("draft", "verify")]
+                                                     + ["hrm.fp32.spec.pte", "hrm.int8-dynamic.spec.pte"])
+    pte = {a["path"]: a for a in spec if a["format"] == "pte"}
+    assert pte["hrm.int8-dynamic.spec.pte"]["reference"] == "hrm.int8-dynamic.kv.pte"  # the same quantized model
+    assert all(0 < a["prefill_len"] < m["parity_bundle"]["seq_len"] for a in pte.values())
     for a in spec:
         r = next(iter(a["parity"].values()))
         assert r["passed"] is True and r["greedy_decode"]["new_tokens"] == 64
@@ -332,5 +337,6 @@ def test_artifact_names():
     assert artifact_name("transformer", "fp32", "pte", "kv_cache") == "transformer.fp32.kv.pte"
     assert ort_name("out/hrm.fp32.kv.onnx") == "hrm.fp32.kv.ort"
     assert artifact_name("hrm", "int8-static-perstep", "onnx", "verify") == "hrm.int8-static-perstep.verify.onnx"
+    assert artifact_name("hrm", "int8-dynamic", "pte", "speculative") == "hrm.int8-dynamic.spec.pte"
     with pytest.raises(ValueError):
         artifact_name("hrm", "fp32", "tflite")

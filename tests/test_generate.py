@@ -38,6 +38,8 @@ def test_complete_greedy_is_identical_across_runtimes(tiny_export):
     texts = {rt: completion(tiny_export, rt) for rt in ("eager", "onnx", "executorch")}
     assert texts["eager"].startswith("def ") and len(texts["eager"]) > len("def ") + 10
     assert texts["onnx"] == texts["eager"] and texts["executorch"] == texts["eager"]
+    # self-speculative decoding (the .spec.pte program's draft and verify methods): the full depth's text
+    assert completion(tiny_export, "executorch", "--speculative", "--temperature", "0") == texts["eager"]
     int8 = completion(tiny_export, "executorch", "--precision", "int8")
     assert int8.startswith("def ")
 

@@ -8,11 +8,15 @@ import pytest
 import torch
 
 from conftest import REPO
+from hrm_edge.app.complete import files_to_load
 from hrm_edge.config import ModelConfig
+from hrm_edge.errors import UserError
+from hrm_edge.export.pipeline import pte_jobs
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.model.eager import EagerDecoder, EagerSpeculativeDecoder
 from hrm_edge.model.lm import HRMLM, CachedDraftForm, CachedVerifyForm, KVCache
 from hrm_edge.runtime.decoders import PteDecoder, Sampling, generate
+from hrm_edge.runtime.manifest import Artifact
 from hrm_edge.runtime.speculative import PteSpeculativeDecoder, accept_greedy, accept_sampled, generate_speculative
 from hrm_edge.train.tokenizer import load_tokenizer
 
@@ -120,11 +124,42 @@ def test_cached_forms_continue_the_full_model():
     np.testing.assert_allclose(cycle1.numpy(), reference[0][0, 8].numpy(), atol=2e-4, rtol=0)
 
 
+def test_the_export_lowers_a_speculative_program_beside_each_full_depth_kv_program():
+    """fp32, and int8 where the dynamic int8 KV program is built, sharing its eager reference (the same quantized
+    model); the plain KV programs stay; slowest first; none for a model without a first cycle to draft with."""
+    cfg = ModelConfig(H_cycles=2, L_cycles=3)
+    jobs = {j.name: j for j in pte_jobs(cfg, ("static", "dynamic"), (1,))}
+    assert list(jobs)[0] == "hrm.int8-dynamic.spec.pte"
+    assert {"hrm.fp32.spec.pte", "hrm.fp32.kv.pte", "hrm.int8-dynamic.kv.pte", "hrm.fp32.pte"} <= set(jobs)
+    spec = jobs["hrm.int8-dynamic.spec.pte"]
+    assert (spec.precision, spec.program, spec.reference) == ("int8", "speculative", "hrm.int8-dynamic.kv.pte")
+    assert jobs["hrm.fp32.spec.pte"].reference is None and jobs["hrm.int8-dynamic.c1.kv.pte"].program == "kv_cache"
+    assert [j.name for j in pte_jobs(cfg, ("static",), ()) if j.program == "speculative"] == ["hrm.fp32.spec.pte"]
+    for other in (ModelConfig(arch="transformer"), ModelConfig(H_cycles=1)):
+        assert not [j for j in pte_jobs(other, ("dynamic",), ()) if j.program == "speculative"]
+
+
+def test_complete_runs_the_speculative_program_that_passed():
+    def art(path, program, passed=True):
+        return Artifact.new(path, "pte", "fp32", program, "unrolled", parity={"x86_64": {"passed": passed}})
+
+    manifest = {"tokenizer": {"path": "tokenizer.json"},
+                "artifacts": [art("hrm.fp32.kv.pte", "kv_cache"), art("hrm.fp32.spec.pte", "speculative")]}
+    assert files_to_load(manifest, "executorch", "fp32", speculative=True) == ["tokenizer.json", "hrm.fp32.spec.pte"]
+    assert files_to_load(manifest, "executorch", "fp32") == ["tokenizer.json", "hrm.fp32.kv.pte"]
+    with pytest.raises(UserError, match="no int8 self-speculative"):
+        files_to_load(manifest, "executorch", "int8", speculative=True)
+    manifest["artifacts"][1] = art("hrm.fp32.spec.pte", "speculative", passed=False)
+    with pytest.raises(UserError, match="hrm.fp32.spec.pte did not pass"):
+        files_to_load(manifest, "executorch", "fp32", speculative=True)
+
+
 @pytest.mark.slow
 def test_pte_speculative_program_is_exact(tmp_path):
     """The shipped model's speculative ExecuTorch program (forward, draft, verify over shared cache buffers):
-    verify's logits are the full program's, and greedy speculative decoding equals plain greedy decoding of the
-    full KV program (export_pte_decode's graph is the program's forward) token for token."""
+    draft's logits are the eager first cycle's readout, verify's the full program's, and greedy speculative
+    decoding equals plain greedy decoding of the full KV program (export_pte_decode's graph is the program's
+    forward) token for token."""
     from hrm_edge.export.executorch import export_pte_speculative
 
     model, tokenizer = shipped()
@@ -134,9 +169,11 @@ def test_pte_speculative_program_is_exact(tmp_path):
     reference = full.prefill(np.array(prompt))  # [S, V]
     spec.reset()
     spec.prefill(np.array(prompt[:-5]))
-    for token in prompt[-5:]:
-        spec.draft(token)
+    drafted = np.stack([spec.draft(token) for token in prompt[-5:]])  # [5, V]
     np.testing.assert_allclose(spec.verify(), reference[-5:], atol=1e-4, rtol=0)
+    with torch.no_grad():
+        cycle1 = model(torch.tensor([prompt]), aux=True)[0][0, -5:].numpy()  # the first outer cycle's readout
+    np.testing.assert_allclose(drafted, cycle1, atol=1e-4 * np.ptp(cycle1), rtol=0)
     for draft_len, start in [(3, 900), (6, 2700)]:
         prompt = code_prompt(start)
         plain = generate(full, prompt, 60)

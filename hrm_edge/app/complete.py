@@ -25,8 +25,8 @@ from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, Sampling, generate
 from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY, heal_prompt, token_bytes
-from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, generate_speculative,
-                                          speculative_set)
+from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder,
+                                          generate_speculative, speculative_set)
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
 from hrm_edge.train.tokenizer import eos_id, load_tokenizer
 
@@ -34,13 +34,14 @@ RUNTIMES = ("executorch", "onnx", "eager")
 MAX_THREADS = 256
 
 
-def pick_artifact(manifest: dict, runtime: str, precision: str) -> Artifact:
+def pick_artifact(manifest: dict, runtime: str, precision: str, program: str = "kv_cache") -> Artifact:
     fmt = {"executorch": "pte", "onnx": "onnx"}[runtime]
-    kv = [a for a in manifest["artifacts"] if a.format == fmt and a.program == "kv_cache"]
+    kv = [a for a in manifest["artifacts"] if a.format == fmt and a.program == program]
     candidates = [a for a in kv if a.precision == precision]
     if not candidates:
         have = sorted({a.precision for a in kv})
-        raise UserError(f"no {precision} KV-cache {fmt} program in this export (have: {', '.join(have) or 'none'}); "
+        what = {"kv_cache": "KV-cache", "speculative": "self-speculative (--speculative)"}[program]
+        raise UserError(f"no {precision} {what} {fmt} program in this export (have: {', '.join(have) or 'none'}); "
                         f"re-run python -m hrm_edge.export")
     return candidates[0]
 
@@ -63,7 +64,7 @@ def speculative_graphs(manifest: dict, kv: Artifact) -> list[str]:
 def files_to_load(manifest: dict, runtime: str, precision: str, speculative: bool = False) -> list[str]:
     """What `runtime` loads from the export folder, as the manifest names it: the tokenizer, then the KV-cache
     program (or, for eager, the checkpoint's config and weights), then with speculative its draft and verify
-    graphs. User errors for what the export lacks."""
+    graphs (ExecuTorch: the program with draft and verify methods instead). User errors for what the export lacks."""
     if "tokenizer" not in manifest:
         raise UserError("the manifest names no tokenizer; re-run python -m hrm_edge.export")
     if runtime == "eager":
@@ -73,13 +74,12 @@ def files_to_load(manifest: dict, runtime: str, precision: str, speculative: boo
         if not {"config", "weights"} <= set(ckpt):
             raise UserError("the manifest names no checkpoint (config, weights); re-run python -m hrm_edge.export")
         return [manifest["tokenizer"]["path"], ckpt["config"], ckpt["weights"]]
-    if speculative and runtime == "executorch":
-        raise UserError("--speculative runs with --runtime onnx or eager (the ExecuTorch programs have no draft and "
-                        "verify methods yet)")
-    art = pick_artifact(manifest, runtime, precision)
+    one_program = speculative and runtime == "executorch"  # its forward, draft and verify methods
+    art = pick_artifact(manifest, runtime, precision, "speculative" if one_program else "kv_cache")
     if not next(iter((art.parity or {}).values()), {}).get("passed"):
         raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
-    return [manifest["tokenizer"]["path"], art.path] + (speculative_graphs(manifest, art) if speculative else [])
+    graphs = speculative_graphs(manifest, art) if speculative and not one_program else []
+    return [manifest["tokenizer"]["path"], art.path] + graphs
 
 
 def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, speculative: bool = False,
@@ -93,6 +93,8 @@ def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, s
             return EagerAdaptiveDecoder(load_model(out_dir), HaltingRule(exit_threshold), threads)
         return (EagerSpeculativeDecoder if speculative else EagerDecoder)(load_model(out_dir), threads)
     if speculative:
+        if runtime == "executorch":
+            return PteSpeculativeDecoder(files[1], threads)
         return OnnxSpeculativeDecoder(*files[1:4], threads)
     cls = PteDecoder if runtime == "executorch" else OnnxDecoder
     return cls(files[1], threads)
@@ -181,7 +183,7 @@ def parser() -> argparse.ArgumentParser:
                         "purpose; they are still refused if they are missing or lie outside the folder)")
     p.add_argument("--speculative", action="store_true",
                    help="self-speculative decoding: the first outer cycle drafts, the full depth verifies (the same "
-                        "text as without it when greedy; the full model's distribution when sampling); onnx, eager")
+                        "text as without it when greedy; the full model's distribution when sampling)")
     p.add_argument("--draft-len", type=int, default=DEFAULT_DRAFT_LEN,
                    help=f"--speculative: tokens drafted per verification (default {DEFAULT_DRAFT_LEN})")
     p.add_argument("--exit-threshold", type=float, metavar="P",

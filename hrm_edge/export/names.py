@@ -5,6 +5,7 @@
     hrm.int8-dynamic.c1.kv.pte         KV-cache int8 ExecuTorch program run with 1 of the H outer cycles
     hrm.fp32.kv.ort                    onnxruntime's ORT format of hrm.fp32.kv.onnx
     hrm.fp32.draft.onnx                self-speculative decoding's draft graph (hrm.fp32.verify.onnx: its verify graph)
+    hrm.int8-dynamic.spec.pte          self-speculative ExecuTorch program: forward, draft and verify methods in one
     transformer.int8-dynamic.kv.pte    the unshared baseline (arch "transformer") built the same way
 
 ARCH is the model's arch ("hrm", "transformer") or a study entry's name. Every reader takes a file's format,
@@ -15,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 EXTENSIONS = {"onnx": "onnx", "ort": "ort", "pte": "pte"}
-PROGRAMS = {"full_sequence": [], "kv_cache": ["kv"], "draft": ["draft"], "verify": ["verify"]}  # the name's word
+PROGRAMS = {"full_sequence": [], "kv_cache": ["kv"], "draft": ["draft"], "verify": ["verify"],
+            "speculative": ["spec"]}  # the name's word
 
 
 def artifact_name(arch: str, precision: str, fmt: str, program: str = "full_sequence",

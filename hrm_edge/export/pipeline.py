@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 from hrm_edge.config import DataConfig, ModelConfig, QuantConfig, load_preset
 from hrm_edge.errors import UserError
 from hrm_edge.export.calibrate import activation_ranges, make_calibration_set, save_calibration_set
-from hrm_edge.export.executorch import export_pte, export_pte_decode, quantized_for_pte
+from hrm_edge.export.executorch import export_pte, export_pte_decode, export_pte_speculative, quantized_for_pte
 from hrm_edge.export.names import artifact_name
 from hrm_edge.export.onnx import (export_onnx, export_onnx_decode, export_onnx_draft, export_onnx_verify, export_ort,
                                   mobile_usability, quantize_static_int8)
@@ -563,21 +563,28 @@ def gate(staging: Path, manifest: dict, parity: ParitySet, log) -> bool:
 class PteJob:
     name: str  # file name in the export folder
     precision: str  # "fp32", "int8" (torchao 8-bit dynamic activations x 8-bit weights) or "int4" (x 4-bit weights)
-    program: str  # "full_sequence" or "kv_cache"
+    program: str  # "full_sequence", "kv_cache" or "speculative" (the KV program + draft and verify methods)
     n_cycles: int | None = None  # depth dial: outer cycles (None = all)
+    reference: str | None = None  # quantized: the job whose eager reference it shares (the same quantized model)
 
 
 def pte_jobs(cfg, int8: tuple, cycles: tuple) -> list[PteJob]:
     """The programs to lower, slowest first (a quantized lowering takes about 2.5x an fp32 one at the default
-    size), so that two workers finish close together."""
+    size, a self-speculative program, twice the depth in three methods, about 1.7x its KV program), so that two
+    workers finish close together."""
     arch, jobs = cfg.arch, []
+    speculative = arch == "hrm" and cfg.H_cycles >= 2  # the first outer cycle drafts, the rest verifies
+    if speculative and "dynamic" in int8:
+        jobs.append(PteJob(artifact_name(arch, "int8-dynamic", "pte", "speculative"), "int8", "speculative",
+                           reference=artifact_name(arch, "int8-dynamic", "pte", "kv_cache")))
     # quantized: the KV-cache program only; it is what decodes on a device, and each lowering costs minutes
     if "8da4w" in int8:
         jobs.append(PteJob(artifact_name(arch, "8da4w", "pte", "kv_cache"), "int4", "kv_cache"))
     if "dynamic" in int8:
         jobs.append(PteJob(artifact_name(arch, "int8-dynamic", "pte", "kv_cache"), "int8", "kv_cache"))
-    jobs += [PteJob(artifact_name(arch, "fp32", "pte"), "fp32", "full_sequence"),
-             PteJob(artifact_name(arch, "fp32", "pte", "kv_cache"), "fp32", "kv_cache")]
+    jobs += [PteJob(artifact_name(arch, "fp32", "pte"), "fp32", "full_sequence")]
+    jobs += [PteJob(artifact_name(arch, "fp32", "pte", "speculative"), "fp32", "speculative")] if speculative else []
+    jobs += [PteJob(artifact_name(arch, "fp32", "pte", "kv_cache"), "fp32", "kv_cache")]
     for k in sorted(set(cycles) - {cfg.H_cycles}):
         precision = "int8" if "dynamic" in int8 else "fp32"
         name = artifact_name(arch, "int8-dynamic" if precision == "int8" else "fp32", "pte", "kv_cache", n_cycles=k)
@@ -607,24 +614,32 @@ def build_pte_programs(model_dir: Path, staging: Path, jobs: list[PteJob], token
         t = time.perf_counter()
         optional: dict = {"weight_bytes": pte_weight_bytes(model, job.precision), "table_copies": 2}
         references: dict = {}
-        if job.program == "kv_cache":
+        if job.program in ("kv_cache", "speculative"):
             optional["prefill_len"] = prefill_len
         if job.n_cycles is not None:
             optional |= {"cycles": job.n_cycles, "fp32_reference": f"reference/fp32.c{job.n_cycles}"}
         if job.precision == "fp32":
-            lower = export_pte_decode if job.program == "kv_cache" else export_pte
-            path = lower(model, staging / job.name, bos, eos, n_cycles=job.n_cycles)
+            path = lower_pte_job(job, model, staging / job.name, bos, eos)
         else:
             qmodel = quantized.get(job.precision) or quantized_for_pte(model, job.precision)
             quantized[job.precision] = qmodel
-            path = export_pte_decode(qmodel, staging / job.name, bos, eos, n_cycles=job.n_cycles)
-            optional |= {"reference": job.name, "quantization": _pte_quantization(job.precision)}
-            # batch 1 as the program runs; per-token dynamic scales make prefill + decode equal the full sequence
-            references[job.name] = np.concatenate([eager_logits(lambda x: qmodel(x, n_cycles=job.n_cycles), tokens[i : i + 1])
-                                                   for i in range(len(tokens))])
+            path = lower_pte_job(job, qmodel, staging / job.name, bos, eos)
+            optional |= {"reference": job.reference or job.name, "quantization": _pte_quantization(job.precision)}
+            if job.reference is None:
+                # batch 1 as the program runs; per-token dynamic scales make prefill + decode equal the full sequence
+                references[job.name] = np.concatenate([eager_logits(lambda x: qmodel(x, n_cycles=job.n_cycles),
+                                                                    tokens[i : i + 1]) for i in range(len(tokens))])
         results.append((Artifact.new(path, "pte", job.precision, job.program, "unrolled", **optional), references))
         print(f"[export] wrote {job.name} in {time.perf_counter() - t:.0f} s", flush=True)
     return results
+
+
+def lower_pte_job(job: PteJob, model, path: Path, bos: int, eos: int) -> Path:
+    """The job's program of `model` (fp32, or quantized by quantized_for_pte) written to path."""
+    if job.program == "speculative":
+        return export_pte_speculative(model, path, bos, eos)
+    lower = export_pte_decode if job.program == "kv_cache" else export_pte
+    return lower(model, path, bos, eos, n_cycles=job.n_cycles)
 
 
 def _pte_quantization(precision: str) -> dict:

@@ -105,12 +105,13 @@ class DecodeJob:
     full_depth: bool = True  # False: a depth-dial program (fewer outer cycles), never compared with a peer
     passed: bool = True  # our artifact's parity verdict on this host: only a passing one leads the peer table
     mode: str = "full"  # "full" or "speculative" (exact: the first cycle drafts, the full depth verifies)
-    draft: str = ""  # speculative ONNX: the draft and verify graphs beside `name`
+    draft: str = ""  # speculative ONNX: the draft and verify graphs beside `name` (a .pte program holds both)
     verify: str = ""
 
     def measure(self, t: DecodeTiming, verbose: bool = False) -> dict:
         kind = "peer-decode" if self.model == "peer" else "decode"
-        extra = () if self.mode == "full" else ("--draft-len", DRAFT_LEN, "--draft", self.draft, "--verify", self.verify)
+        graphs = ("--draft", self.draft, "--verify", self.verify) if self.draft else ()
+        extra = () if self.mode == "full" else ("--draft-len", DRAFT_LEN, *graphs)
         return decode_in_child(kind, self.folder, self.name, t, verbose, tuple(map(str, extra)))
 
     @property
@@ -123,10 +124,13 @@ def passed_here(a: Artifact) -> bool:
 
 
 def speculative_jobs(out_dir: Path, manifest: dict) -> list[DecodeJob]:
-    """Self-speculative decoding of the eager model, and of each full-depth ONNX KV graph that has a draft and a
-    verify graph of its precision; it passes where all three passed."""
+    """Self-speculative decoding of the eager model, of each ExecuTorch program with draft and verify methods,
+    and of each full-depth ONNX KV graph that has a draft and a verify graph of its precision (it passes where all
+    three passed)."""
     arts = {a.path: a for a in manifest["artifacts"]}
     jobs = [DecodeJob(manifest["model"]["arch"], out_dir, "eager", "eager", "fp32", mode="speculative")]
+    jobs += [DecodeJob(a.path.split(".")[0], out_dir, a.path, a.format, a.precision, mode="speculative",
+                       passed=passed_here(a)) for a in arts.values() if a.program == "speculative"]
     for kv in [a for a in arts.values() if a.program == "kv_cache" and a.format == "onnx" and a.cycles is None]:
         pair = [arts.get(name) for name in speculative_set(kv.path)[1:]]
         if all(pair):

@@ -5,7 +5,7 @@ starts it; bench, peers and study read the line).
     python -m hrm_edge.measure.child peer-decode DIR llama.8da4w.pte --threads 1 ...
     python -m hrm_edge.measure.child forward DIR ARTIFACT --threads 1 --seq-len 128 --repeats 10
     python -m hrm_edge.measure.child decode DIR hrm.fp32.kv.onnx --draft hrm.fp32.draft.onnx \
-        --verify hrm.fp32.verify.onnx --draft-len 4 ...       # self-speculative (eager: --draft-len alone)
+        --verify hrm.fp32.verify.onnx --draft-len 4 ...       # self-speculative (eager, .pte: --draft-len alone)
 
 decode: a KV-cache program of ours (DIR/ARTIFACT, .onnx, .ort or .pte), or ARTIFACT "eager": the eager model
 of the checkpoint or export folder DIR with its KV cache; peer-decode: a built peer (hrm_edge.measure.peers);
@@ -27,7 +27,7 @@ from hrm_edge.measure.harness import DecodeTiming, measure_decode, measure_forwa
 from hrm_edge.measure.peers import peer_decoder
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, generate, ort_session
-from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, generate_speculative
+from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder, generate_speculative
 from hrm_edge.runtime.manifest import read_manifest
 from hrm_edge.runtime.xnnpack_options import set_weight_cache
 
@@ -47,15 +47,18 @@ def import_before_the_clock(kind: str, artifact: str) -> None:
         importlib.import_module(name)
 
 
-def open_speculative_decoder(folder: Path, artifact: str, draft: str, verify: str, threads: int):
-    """Self-speculative decoding: the eager model's, or the KV graph with its draft and verify graphs."""
+def open_speculative_decoder(folder: Path, artifact: str, draft: str, verify: str, t: DecodeTiming):
+    """Self-speculative decoding: the eager model's, the .pte program's (draft and verify methods), or the KV graph
+    with its draft and verify graphs."""
     if artifact == "eager":
         from hrm_edge.model.eager import EagerSpeculativeDecoder  # torch: only the eager child loads it
 
-        return EagerSpeculativeDecoder(load_model(folder), threads)
+        return EagerSpeculativeDecoder(load_model(folder), t.threads)
+    if artifact.endswith(".pte"):
+        return PteSpeculativeDecoder(folder / artifact, t.threads, t.weight_cache)
     if not (draft and verify):
         raise UserError("a speculative ONNX timing needs --draft and --verify")
-    return OnnxSpeculativeDecoder(folder / artifact, folder / draft, folder / verify, threads)
+    return OnnxSpeculativeDecoder(folder / artifact, folder / draft, folder / verify, t.threads)
 
 
 def open_decoder(kind: str, folder: Path, artifact: str, t: DecodeTiming):
@@ -126,7 +129,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-weight-cache", action="store_true", help="XNNPACK's weight cache off for .pte programs")
     p.add_argument("--prompts", default="", help="decode: .npy [n, prompt-len] of real-text prompts (default: random)")
     p.add_argument("--draft-len", type=int, default=0, help="decode: self-speculative with this many drafts a round")
-    p.add_argument("--draft", default="", help="decode, speculative ONNX: the draft graph's file name in DIR")
+    p.add_argument("--draft", default="", help="decode, speculative ONNX: the draft graph's file name in DIR "
+                                               "(a .pte program has draft and verify methods)")
     p.add_argument("--verify", default="", help="decode, speculative ONNX: the verify graph's file name in DIR")
     a = p.parse_args(argv)
     import_before_the_clock(a.kind, a.artifact)
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
         t = DecodeTiming(a.threads, a.prompt_len, a.new_tokens, a.repeats, weight_cache=not a.no_weight_cache,
                          prompts=a.prompts)
         if a.draft_len:
-            row = measure_decode(lambda: open_speculative_decoder(a.dir, a.artifact, a.draft, a.verify, a.threads),
+            row = measure_decode(lambda: open_speculative_decoder(a.dir, a.artifact, a.draft, a.verify, t),
                                  a.artifact, t, functools.partial(generate_speculative, draft_len=a.draft_len))
             row["draft_len"] = a.draft_len
         else:

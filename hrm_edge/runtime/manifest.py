@@ -38,7 +38,9 @@ class Artifact:
     format: str  # "onnx" | "ort" | "pte"
     runtime: str  # "onnxruntime" | "executorch"
     precision: str  # "fp32" | "int8" | "int4" (4-bit weights, 8-bit dynamic activations)
-    program: str  # "full_sequence" | "kv_cache" | "draft" | "verify" (self-speculative decoding's two graphs)
+    # "full_sequence" | "kv_cache" | "draft" | "verify" (self-speculative decoding's two ONNX graphs) |
+    # "speculative" (the ExecuTorch program holding both, beside the KV program's forward)
+    program: str
     iteration: str  # "onnx_loop" | "unrolled"
     backend: str | None = None  # "xnnpack" (.pte)
     prefill_len: int | None = None  # KV-cache programs: the gate prefills this many tokens, then decodes

@@ -31,8 +31,8 @@ import numpy as np
 from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_path, atomic_write_text, sha256_file
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
-from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, generate_speculative,
-                                          speculative_set, teacher_forced_logits)
+from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder,
+                                          generate_speculative, speculative_set, teacher_forced_logits)
 from hrm_edge.runtime.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest
 
 
@@ -153,19 +153,26 @@ def kv_decoder(path: Path, fmt: str):
     return OnnxDecoder(path) if fmt in ("onnx", "ort") else PteDecoder(path)
 
 
-def speculative_decoder(path: Path) -> OnnxSpeculativeDecoder:
-    """The self-speculative decoder of the set of graphs (KV, draft, verify) that `path` belongs to."""
+SPECULATIVE_PROGRAMS = ("draft", "verify", "speculative")  # checked by self-speculative decoding
+
+
+def speculative_decoder(path: Path, program: str):
+    """The self-speculative decoder of an ExecuTorch program with draft and verify methods ("speculative"), or
+    of the set of ONNX graphs (KV, draft, verify) that a draft or verify graph `path` belongs to."""
+    if program == "speculative":
+        return PteSpeculativeDecoder(path)
     return OnnxSpeculativeDecoder(*(path.parent / name for name in speculative_set(path.name)))
 
 
 def run_artifact(path: Path, art: Artifact, tokens: np.ndarray) -> np.ndarray:
     """Full-sequence logits [N, S, V] of tokens [N, S]: directly; for a KV-cache program by a prefill of
-    art.prefill_len tokens followed by one decode step per remaining token; for a draft or verify graph by
-    self-speculative decoding of the given tokens with its set (teacher_forced_logits)."""
+    art.prefill_len tokens followed by one decode step per remaining token; for a draft or verify graph (with its
+    set) or a speculative program by self-speculative decoding of the given tokens (teacher_forced_logits)."""
     if art.program == "kv_cache":
         return decode_logits(kv_decoder(path, art.format), tokens, art.prefill_len)
-    if art.program in ("draft", "verify"):
-        return teacher_forced_logits(speculative_decoder(path), tokens, art.prefill_len, DEFAULT_DRAFT_LEN)
+    if art.program in SPECULATIVE_PROGRAMS:
+        return teacher_forced_logits(speculative_decoder(path, art.program), tokens, art.prefill_len,
+                                     DEFAULT_DRAFT_LEN)
     if art.format in ("onnx", "ort"):  # onnxruntime loads its .ort format like an .onnx file
         return run_onnx(path, tokens)
     if art.format == "pte":
@@ -254,12 +261,13 @@ def greedy_check(path: Path, art: Artifact, bundle: dict, reasons: list) -> dict
     """A KV-cache program replays the eager fp32 model's greedy continuation (at the artifact's depth) with its
     own decode loop; an fp32 program must reproduce it exactly (the reason is appended to `reasons`)."""
     greedy_key = "greedy/eager_tokens" + (f".c{art.cycles}" if art.fp32_reference is not None else "")
-    if art.program not in ("kv_cache", "draft", "verify") or greedy_key not in bundle:
+    if art.program not in ("kv_cache", *SPECULATIVE_PROGRAMS) or greedy_key not in bundle:
         return None
     expected = bundle[greedy_key]
     prompt = bundle["greedy/prompt"].tolist()
     got = (greedy_tokens(path, art.format, bundle["greedy/prompt"], len(expected)) if art.program == "kv_cache"
-           else np.array(generate_speculative(speculative_decoder(path), prompt, len(expected)).tokens, dtype=np.int64))
+           else np.array(generate_speculative(speculative_decoder(path, art.program), prompt, len(expected)).tokens,
+                         dtype=np.int64))
     n = min(len(got), len(expected))
     greedy = {"new_tokens": int(len(expected)), "identical_to_eager_fp32": bool(np.array_equal(got, expected)),
               "matching_prefix": int(np.argmin(np.append(got[:n] == expected[:n], False)))}
