@@ -4,7 +4,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from hrm_edge.export.onnx_passes import hoist_loop_invariants, merge_split_concat, weights_into_body
+from hrm_edge.export.onnx_passes import (blockwise_quantize, hoist_loop_invariants, matmuls_to_nbits, merge_split_concat,
+                                         nbits_node, step_op_counts, weights_into_body)
 
 
 def _loop_model() -> onnx.ModelProto:
@@ -129,3 +130,72 @@ def test_weights_only_the_body_reads_move_into_it_and_results_stay():
     assert sorted(i.name for i in model.graph.initializer) == ["n", "w"], "the trip count and a shared weight stay"
     for a, b in zip(_run_all(model, x), before):
         np.testing.assert_array_equal(a, b)
+
+
+def _int8_per_block(x: np.ndarray, block: int) -> np.ndarray:
+    """What MatMulNBits at accuracy_level 4 multiplies: x rounded to int8 per block of its last axis."""
+    blocks = x.reshape(*x.shape[:-1], -1, block)
+    scale = np.maximum(np.abs(blocks).max(-1, keepdims=True) / 127, 1e-12)
+    return (np.clip(np.rint(blocks * (1 / scale)), -127, 127) * scale).reshape(x.shape)
+
+
+def test_blockwise_weights_are_what_matmulnbits_multiplies():
+    """The packing is the op's: with float compute (accuracy_level 0) the node computes x @ (the weight the
+    quantized one stands for) to float rounding, and with int8 compute (4) x rounded per block times it. The
+    stood-for weight is within half a quantum of the original, but for the few values beyond 2^(bits-1) - 1
+    quanta on the side opposite the block's extreme (clipped: within one quantum)."""
+    rng = np.random.default_rng(0)
+    k, n = 64, 24
+    w = rng.standard_normal((k, n)).astype(np.float32) * np.exp(rng.standard_normal((1, n))).astype(np.float32)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    for bits, block in ((8, 32), (4, 16)):
+        stored, scales, stands_for = blockwise_quantize(w, bits, block)
+        assert stored.shape == (n, k // block, block * bits // 8) and scales.shape == (n, k // block)
+        step = np.repeat(np.abs(scales).T, block, axis=0)  # [K, N]: each weight's quantum
+        error = np.abs(stands_for - w)
+        assert np.all(error <= step + 1e-7) and np.mean(error <= step / 2 + 1e-7) > 0.95
+        for level, expected in ((0, x @ stands_for), (4, _int8_per_block(x, block) @ stands_for)):
+            graph = helper.make_graph([nbits_node("x", "y", "b", "s", k, n, bits, block, level)], "g",
+                                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])],
+                                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                      [numpy_helper.from_array(stored, "b"), numpy_helper.from_array(scales, "s")])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                            helper.make_opsetid("com.microsoft", 1)])
+            y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+            np.testing.assert_allclose(y, expected, atol=1e-4, rtol=0)
+
+
+def test_matmuls_with_named_weights_in_the_loop_body_become_nbits():
+    """z <- (z @ W) @ R for 3 iterations, W and R body initializers: W (named) becomes MatMulNBits inside the
+    body, its float copy is dropped, R stays a float MatMul; the result is the loop with W's stood-for weight."""
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((32, 32)) / 6).astype(np.float32)
+    r = np.eye(32, dtype=np.float32)[::-1].copy()
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["z_in", "W"], ["zw"]), helper.make_node("MatMul", ["zw", "R"], ["z_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("z_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("z_out", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(r, "R")])
+    graph = helper.make_graph([helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])],
+                              [numpy_helper.from_array(np.array(3, np.int64), "n")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert step_op_counts(model.graph, 3) == {"MatMul": 6, "Identity": 3, "Loop": 1}
+    stands_for = matmuls_to_nbits(model, {"W"}, bits=8, block=32, accuracy_level=0)["W"]
+    onnx.checker.check_model(model, full_check=True)
+    body = next(a.g for a in model.graph.node[0].attribute if a.name == "body")
+    assert [n.op_type for n in body.node] == ["MatMulNBits", "MatMul", "Identity"]
+    assert sorted(i.name for i in body.initializer) == ["R", "W.q8", "W.q8.scales"]
+    assert step_op_counts(model.graph, 3) == {"MatMulNBits": 3, "MatMul": 3, "Identity": 3, "Loop": 1}
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    expected = x
+    for _ in range(3):
+        expected = expected @ stands_for @ r
+    np.testing.assert_allclose(_run(model, x), expected, atol=1e-4, rtol=0)
+    assert np.abs(expected - x @ w @ r @ w @ r @ w @ r).max() > 1e-4, "the 8-bit weight differs from the float one"
