@@ -8,35 +8,43 @@ from hrm_edge.export.onnx_passes import (blockwise_quantize, hoist_loop_invarian
                                          nbits_node, step_op_counts, weights_into_body)
 
 
-def _loop_model() -> onnx.ModelProto:
-    """y = x carried through 3 iterations of: z <- Reshape(z, Concat(Shape(z))) * scale + i, where the shape
-    chain and `scale = w * 2` are loop-invariant and `+ i` (the iteration counter) is not."""
-    body = helper.make_graph(
-        [
-            helper.make_node("Shape", ["z_in"], ["shape"]),  # of a carried value: invariant (while_loop keeps shapes)
-            helper.make_node("Concat", ["shape"], ["shape2"], axis=0),
-            helper.make_node("Reshape", ["z_in", "shape2"], ["z_r"]),
-            helper.make_node("Mul", ["w", "two"], ["scale"]),  # outer value x body initializer: invariant
-            helper.make_node("Mul", ["z_r", "scale"], ["z_s"]),
-            helper.make_node("Cast", ["i"], ["i_f"], to=TensorProto.FLOAT),  # the counter: stays
-            helper.make_node("Add", ["z_s", "i_f"], ["z_out"]),
-            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-        ],
-        "body",
+def _body(nodes: list, initializers: list) -> onnx.GraphProto:
+    """A Loop body (i, cond_in, z_in) -> (cond_out, z_out) of `nodes` (which copy cond_in to cond_out)."""
+    return helper.make_graph(
+        nodes, "body",
         [helper.make_tensor_value_info("i", TensorProto.INT64, []),
          helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
          helper.make_tensor_value_info("z_in", TensorProto.FLOAT, None)],
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
          helper.make_tensor_value_info("z_out", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(np.array(2.0, np.float32), "two")],
-    )
+        initializers)
+
+
+def _loop(body: onnx.GraphProto, width: int, initializers: list) -> onnx.ModelProto:
+    """y = x [2, width] carried through 3 iterations of `body`."""
     graph = helper.make_graph(
         [helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-        [numpy_helper.from_array(np.array(3, np.int64), "n"), numpy_helper.from_array(np.full(3, 0.5, np.float32), "w")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, width])],
+        [numpy_helper.from_array(np.array(3, np.int64), "n")] + initializers,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _loop_model() -> onnx.ModelProto:
+    """y = x carried through 3 iterations of: z <- Reshape(z, Concat(Shape(z))) * scale + i, where the shape
+    chain and `scale = w * 2` are loop-invariant and `+ i` (the iteration counter) is not."""
+    body = _body([
+        helper.make_node("Shape", ["z_in"], ["shape"]),  # of a carried value: invariant (while_loop keeps shapes)
+        helper.make_node("Concat", ["shape"], ["shape2"], axis=0),
+        helper.make_node("Reshape", ["z_in", "shape2"], ["z_r"]),
+        helper.make_node("Mul", ["w", "two"], ["scale"]),  # outer value x body initializer: invariant
+        helper.make_node("Mul", ["z_r", "scale"], ["z_s"]),
+        helper.make_node("Cast", ["i"], ["i_f"], to=TensorProto.FLOAT),  # the counter: stays
+        helper.make_node("Add", ["z_s", "i_f"], ["z_out"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+    ], [numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    return _loop(body, 3, [numpy_helper.from_array(np.full(3, 0.5, np.float32), "w")])
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -171,21 +179,10 @@ def test_matmuls_with_named_weights_in_the_loop_body_become_nbits():
     rng = np.random.default_rng(1)
     w = (rng.standard_normal((32, 32)) / 6).astype(np.float32)
     r = np.eye(32, dtype=np.float32)[::-1].copy()
-    body = helper.make_graph(
-        [helper.make_node("MatMul", ["z_in", "W"], ["zw"]), helper.make_node("MatMul", ["zw", "R"], ["z_out"]),
-         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
-        "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("z_in", TensorProto.FLOAT, None)],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("z_out", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(r, "R")])
-    graph = helper.make_graph([helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])],
-                              [numpy_helper.from_array(np.array(3, np.int64), "n")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    body = _body([helper.make_node("MatMul", ["z_in", "W"], ["zw"]), helper.make_node("MatMul", ["zw", "R"], ["z_out"]),
+                  helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+                 [numpy_helper.from_array(w, "W"), numpy_helper.from_array(r, "R")])
+    model = _loop(body, 32, [])
     assert step_op_counts(model.graph, 3) == {"MatMul": 6, "Identity": 3, "Loop": 1}
     stands_for = matmuls_to_nbits(model, {"W"}, bits=8, block=32, accuracy_level=0)["W"]
     onnx.checker.check_model(model, full_check=True)
