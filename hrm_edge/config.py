@@ -141,7 +141,7 @@ class TrainConfig:
 
 @dataclass
 class QuantConfig:
-    int8_modes: str = "static,dynamic,nbits"  # what `python -m hrm_edge.export` builds unless --int8 says otherwise
+    int8_modes: str = "static,dynamic"  # what `python -m hrm_edge.export` builds unless --int8 says otherwise
     calib_samples: int = 32  # calibration windows (of the training seq_len) from the calibration split
     calib_seed: int = 1234
     static_fp32_linears: str = ""  # comma-separated block linears the static int8 ONNX leaves in fp32

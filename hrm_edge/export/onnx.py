@@ -408,7 +408,6 @@ def quantize_nbits(fp32_path: Path, path: Path, model: HRMLM, bits: int, block: 
     return path, weights
 
 
-
 def _nbits_tied_table(main: onnx.GraphProto, block: int, inits: NewInitializers) -> np.ndarray:
     """The tied head Gemm(x, table, transB=1) -> MatMulNBits over the 8-bit table, and the embedding gather ->
     the gathered rows of that table, dequantized. Returns the table [V, D] the 8-bit one stands for."""

@@ -407,8 +407,11 @@ def export_nbits_onnx(staging: Path, prepared: Prepared, parity: ParitySet, onnx
     arch, model = prepared.cfg.arch, prepared.model
     if "nbits" not in prepared.int8 or arch != "hrm" or not onnx_fp32.has(artifact_name(arch, "fp32", "onnx")):
         return Made()
-    written = Made()
+    written, widths = Made(), sorted({prepared.cfg.d_model, prepared.cfg.ffn_hidden})  # the matmuls' input widths
     for bits, block in NBITS_BLOCK.items():
+        if any(w % block for w in widths):
+            log(f"[export] int{bits}-nbits skipped: input widths {widths} are not multiples of its block, {block}")
+            continue
         t = _stage(f"weight-only int{bits} ONNX (MatMulNBits, blocks of {block})", log)
         precision, made = f"int{bits}-nbits", {}
         for program in ("full_sequence", "kv_cache"):
@@ -704,8 +707,8 @@ def main(argv=None) -> int:
     p.add_argument("--formats", default="onnx,pte", help="comma-separated subset of onnx,pte (default: both)")
     p.add_argument("--int8",
                    help="quantized artifacts to add: comma-separated subset of static,static-shared,dynamic,8da4w,pt2e,"
-                        "nbits, or none (default: the preset's [quant] int8_modes: static,dynamic,nbits for tiny and "
-                        "default). nbits: ONNX graphs with 8-bit and with 4-bit weights in onnxruntime's MatMulNBits "
+                        "nbits, or none (default: the preset's [quant] int8_modes: static,dynamic for tiny, static,dynamic,nbits "
+                        "for default and the shipped model). nbits: ONNX graphs with 8-bit and with 4-bit weights in onnxruntime's MatMulNBits "
                         "(weight-only, no calibration; also their self-speculative draft and verify graphs). static: "
                         "ONNX Loop graphs with calibrated int8 activation scales per iteration step; static-shared: the "
                         "same with one scale for every step (a comparison); dynamic: "
