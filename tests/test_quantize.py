@@ -170,6 +170,7 @@ def test_nbits_graph_has_no_float_block_weights_and_computes_its_reference(tmp_p
         assert sorted(weights) == sorted([f"block.{n}.weight" for n in BLOCK_LINEARS] + ["embed.weight"])
         got = decode_logits(OnnxDecoder(path, threads=1), tokens, prefill_len=4)
         reference = eager_logits(nbits_reference(model, weights, block), tokens)
-        assert np.abs(got - reference).max() < 1e-2 * logit_range
+        # measured 2e-7 to 2e-6 x range; a reference without the kernel's input rounding is 3e-3 to 4e-3 away
+        assert np.abs(got - reference).max() < 1e-4 * logit_range
         vs_fp32[bits] = np.abs(got - fp32).max()
-    assert 0 < vs_fp32[8] < vs_fp32[4] < 0.2 * logit_range
+    assert 0 < vs_fp32[8] < vs_fp32[4] < 0.05 * logit_range  # measured 4.6e-3 and 1.1e-2 x range
