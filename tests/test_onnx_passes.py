@@ -174,25 +174,29 @@ def test_blockwise_weights_are_what_matmulnbits_multiplies():
 
 
 def test_matmuls_with_named_weights_in_the_loop_body_become_nbits():
-    """z <- (z @ W) @ R for 3 iterations, W and R body initializers: W (named) becomes MatMulNBits inside the
-    body, its float copy is dropped, R stays a float MatMul; the result is the loop with W's stood-for weight."""
+    """z <- (z @ W + z @ V) @ R for 3 iterations, W, V and R body initializers: W and V (named, one input) become
+    one MatMulNBits over both and a Split inside the body, their float copies are dropped, R stays a float
+    MatMul; the result is the loop with W's and V's stood-for weights."""
     rng = np.random.default_rng(1)
-    w = (rng.standard_normal((32, 32)) / 6).astype(np.float32)
+    w, v = (rng.standard_normal((2, 32, 32)) / 8).astype(np.float32)
     r = np.eye(32, dtype=np.float32)[::-1].copy()
-    body = _body([helper.make_node("MatMul", ["z_in", "W"], ["zw"]), helper.make_node("MatMul", ["zw", "R"], ["z_out"]),
+    body = _body([helper.make_node("MatMul", ["z_in", "W"], ["zw"]), helper.make_node("MatMul", ["z_in", "V"], ["zv"]),
+                  helper.make_node("Add", ["zw", "zv"], ["zs"]), helper.make_node("MatMul", ["zs", "R"], ["z_out"]),
                   helper.make_node("Identity", ["cond_in"], ["cond_out"])],
-                 [numpy_helper.from_array(w, "W"), numpy_helper.from_array(r, "R")])
+                 [numpy_helper.from_array(w, "W"), numpy_helper.from_array(v, "V"), numpy_helper.from_array(r, "R")])
     model = _loop(body, 32, [])
-    assert step_op_counts(model.graph, 3) == {"MatMul": 6, "Identity": 3, "Loop": 1}
-    stands_for = matmuls_to_nbits(model, {"W"}, bits=8, block=32, accuracy_level=0)["W"]
+    assert step_op_counts(model.graph, 3) == {"MatMul": 9, "Add": 3, "Identity": 3, "Loop": 1}
+    stands_for = matmuls_to_nbits(model, {"W", "V"}, bits=8, block=32, accuracy_level=0)
     onnx.checker.check_model(model, full_check=True)
     body = next(a.g for a in model.graph.node[0].attribute if a.name == "body")
-    assert [n.op_type for n in body.node] == ["MatMulNBits", "MatMul", "Identity"]
-    assert sorted(i.name for i in body.initializer) == ["R", "W.q8", "W.q8.scales"]
-    assert step_op_counts(model.graph, 3) == {"MatMulNBits": 3, "MatMul": 3, "Identity": 3, "Loop": 1}
+    assert [n.op_type for n in body.node] == ["MatMulNBits", "Split", "Add", "MatMul", "Identity"]
+    assert sorted(i.name for i in body.initializer) == ["R", "W+V.q8", "W+V.q8.scales", "W+V.q8.sizes"]
+    assert step_op_counts(model.graph, 3) == {"MatMulNBits": 3, "Split": 3, "Add": 3, "MatMul": 3, "Identity": 3,
+                                              "Loop": 1}
     x = rng.standard_normal((2, 32)).astype(np.float32)
-    expected = x
+    expected, exact = x, x
     for _ in range(3):
-        expected = expected @ stands_for @ r
+        expected = (expected @ stands_for["W"] + expected @ stands_for["V"]) @ r
+        exact = (exact @ w + exact @ v) @ r
     np.testing.assert_allclose(_run(model, x), expected, atol=1e-4, rtol=0)
-    assert np.abs(expected - x @ w @ r @ w @ r @ w @ r).max() > 1e-4, "the 8-bit weight differs from the float one"
+    assert np.abs(expected - exact).max() > 1e-4, "the 8-bit weights differ from the float ones"

@@ -398,6 +398,7 @@ def quantize_nbits(fp32_path: Path, path: Path, model: HRMLM, bits: int, block: 
     if set(done) != set(weight_of):
         raise RuntimeError("MatMulNBits: did not find every block linear in the graph")
     weights = {weight_of[name]: w.T for name, w in done.items()}  # [out, in], as nn.Linear stores it
+    merge_split_concat(loop_and_body(proto.graph)[1], proto.graph)  # wq+wk+wv as one: RoPE's Concat of q, k goes
     inits = NewInitializers()
     weights["embed.weight"] = _nbits_tied_table(proto.graph, block, inits)
     proto.graph.initializer.extend(inits)

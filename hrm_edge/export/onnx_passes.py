@@ -221,26 +221,27 @@ def nbits_node(x: str, y: str, stored: str, scales: str, k: int, n: int, bits: i
 
 def matmuls_to_nbits(model: onnx.ModelProto, weights: set, bits: int, block: int, accuracy_level: int = 4) -> dict:
     """Every MatMul of the main graph or the Loop body whose right operand is an initializer of that graph named
-    in `weights` becomes MatMulNBits over its blockwise-quantized weight (stored in the same graph, once however
-    many MatMuls read it; the float weight is dropped when nothing else reads it). Returns {weight name: the
-    weight [K, N] the quantized one stands for} (what an eager reference multiplies with)."""
+    in `weights` becomes MatMulNBits over its blockwise-quantized weight; MatMuls that read the same input become
+    one MatMulNBits over their weights side by side, split after (wq, wk, wv; w_gate, w_up): the kernel
+    quantizes its input once, and one larger matmul runs instead of several. The float weights are dropped when
+    nothing else reads them. Returns {weight name: the weight [K, N] the quantized one stands for} (what an eager
+    reference multiplies with: blocks run along K, so side by side or alone, a weight is quantized the same)."""
     graph = model.graph
     done: dict = {}
     for g in (loop_and_body(graph)[1], graph):  # the body first: rebuilding graph.node leaves a stale body copy
         inits = {i.name: i for i in g.initializer}
+        groups: dict = {}  # input -> MatMuls reading it with a weight to quantize
+        for node in g.node:
+            if node.op_type == "MatMul" and node.input[1] in weights and node.input[1] in inits:
+                groups.setdefault(node.input[0], []).append(node)
+        first = {matmuls[0].output[0]: matmuls for matmuls in groups.values()}
+        replaced = {m.output[0] for matmuls in groups.values() for m in matmuls}
         nodes = []
         for node in g.node:
-            w = node.input[1] if node.op_type == "MatMul" else None
-            if w not in weights or w not in inits:
+            if node.op_type == "MatMul" and node.output[0] in first:
+                nodes += _nbits_group(g, inits, first[node.output[0]], (bits, block, accuracy_level), done)
+            elif not (node.op_type == "MatMul" and node.output[0] in replaced):
                 nodes.append(node)
-                continue
-            k, n = inits[w].dims
-            if w not in done:
-                stored, scales, done[w] = blockwise_quantize(onnx.numpy_helper.to_array(inits[w]), bits, block)
-                g.initializer.extend([onnx.numpy_helper.from_array(stored, f"{w}.q{bits}"),
-                                      onnx.numpy_helper.from_array(scales, f"{w}.q{bits}.scales")])
-            nodes.append(nbits_node(node.input[0], node.output[0], f"{w}.q{bits}", f"{w}.q{bits}.scales", k, n, bits,
-                                    block, accuracy_level))
         del g.node[:]
         g.node.extend(nodes)
     read = names_read(graph)
@@ -251,6 +252,27 @@ def matmuls_to_nbits(model: onnx.ModelProto, weights: set, bits: int, block: int
     if not any(o.domain == NBITS_DOMAIN for o in model.opset_import):
         model.opset_import.append(onnx.helper.make_opsetid(NBITS_DOMAIN, 1))
     return done
+
+
+def _nbits_group(g: onnx.GraphProto, inits: dict, matmuls: list, kind: tuple, done: dict) -> list:
+    """Nodes computing `matmuls` (one input, weights in `inits`) as one MatMulNBits (+ a Split where several);
+    the quantized weights go into `g`, what each stands for into `done`. kind: (bits, block, accuracy_level)."""
+    bits, block, accuracy_level = kind
+    names = [m.input[1] for m in matmuls]
+    parts = [blockwise_quantize(onnx.numpy_helper.to_array(inits[w]), bits, block) for w in names]
+    done.update({w: stands_for for w, (_, _, stands_for) in zip(names, parts)})
+    p = "+".join(names) + f".q{bits}"
+    g.initializer.extend([onnx.numpy_helper.from_array(np.concatenate([q for q, _, _ in parts]), p),  # [sum N, ...]
+                          onnx.numpy_helper.from_array(np.concatenate([s for _, s, _ in parts]), f"{p}.scales")])
+    sizes = [int(inits[w].dims[1]) for w in names]
+    y = matmuls[0].output[0] if len(matmuls) == 1 else f"{p}.y"
+    nodes = [nbits_node(matmuls[0].input[0], y, p, f"{p}.scales", int(inits[names[0]].dims[0]), sum(sizes), bits,
+                        block, accuracy_level)]
+    if len(matmuls) > 1:
+        g.initializer.append(onnx.numpy_helper.from_array(np.array(sizes, dtype=np.int64), f"{p}.sizes"))
+        nodes.append(onnx.helper.make_node("Split", [y, f"{p}.sizes"], [m.output[0] for m in matmuls], axis=-1,
+                                           name=f"{p}.split"))
+    return nodes
 
 
 def step_op_counts(graph: onnx.GraphProto, trip_count: int) -> dict:
