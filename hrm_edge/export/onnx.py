@@ -380,9 +380,10 @@ def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
 # ---- weight-only MatMulNBits ----
 # onnxruntime's fast weight-only path (com.microsoft MatMulNBits, accuracy_level 4: the input quantized to int8
 # per block at run time, integer dot products) needs no calibration, and one node replaces the static rewrite's
-# four (Quantize, MatMulInteger, Cast, Mul) per linear. The block linears get `bits`-bit weights; the tied table
-# is 8-bit at either width (a 4-bit head costs more quality than it saves bytes: quantize.dynamic_int4_model) and
-# stored once, as the head's MatMulNBits weight [V, D / block, block], whose rows the embedding gather reads.
+# four (Quantize, MatMulInteger, Cast, Mul) per group of linears reading one input (wq+wk+wv, w_gate+w_up). The
+# block linears get `bits`-bit weights; the tied table is 8-bit at either width (a 4-bit head costs more quality
+# than it saves bytes: quantize.dynamic_int4_model) and stored once, as the head's MatMulNBits weight
+# [V, D / block, block], whose rows the embedding gather reads.
 NBITS_TABLE_BITS = 8
 
 
