@@ -4,38 +4,47 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from hrm_edge.export.onnx_passes import hoist_loop_invariants, merge_split_concat, weights_into_body
+from hrm_edge.export.onnx_passes import (blockwise_quantize, hoist_loop_invariants, matmuls_to_nbits, merge_split_concat,
+                                         nbits_node, step_op_counts, weights_into_body)
 
 
-def _loop_model() -> onnx.ModelProto:
-    """y = x carried through 3 iterations of: z <- Reshape(z, Concat(Shape(z))) * scale + i, where the shape
-    chain and `scale = w * 2` are loop-invariant and `+ i` (the iteration counter) is not."""
-    body = helper.make_graph(
-        [
-            helper.make_node("Shape", ["z_in"], ["shape"]),  # of a carried value: invariant (while_loop keeps shapes)
-            helper.make_node("Concat", ["shape"], ["shape2"], axis=0),
-            helper.make_node("Reshape", ["z_in", "shape2"], ["z_r"]),
-            helper.make_node("Mul", ["w", "two"], ["scale"]),  # outer value x body initializer: invariant
-            helper.make_node("Mul", ["z_r", "scale"], ["z_s"]),
-            helper.make_node("Cast", ["i"], ["i_f"], to=TensorProto.FLOAT),  # the counter: stays
-            helper.make_node("Add", ["z_s", "i_f"], ["z_out"]),
-            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-        ],
-        "body",
+def _body(nodes: list, initializers: list) -> onnx.GraphProto:
+    """A Loop body (i, cond_in, z_in) -> (cond_out, z_out) of `nodes` (which copy cond_in to cond_out)."""
+    return helper.make_graph(
+        nodes, "body",
         [helper.make_tensor_value_info("i", TensorProto.INT64, []),
          helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
          helper.make_tensor_value_info("z_in", TensorProto.FLOAT, None)],
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
          helper.make_tensor_value_info("z_out", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(np.array(2.0, np.float32), "two")],
-    )
+        initializers)
+
+
+def _loop(body: onnx.GraphProto, width: int, initializers: list) -> onnx.ModelProto:
+    """y = x [2, width] carried through 3 iterations of `body`."""
     graph = helper.make_graph(
         [helper.make_node("Loop", ["n", "", "x"], ["y"], body=body)], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
-        [numpy_helper.from_array(np.array(3, np.int64), "n"), numpy_helper.from_array(np.full(3, 0.5, np.float32), "w")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, width])],
+        [numpy_helper.from_array(np.array(3, np.int64), "n")] + initializers,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _loop_model() -> onnx.ModelProto:
+    """y = x carried through 3 iterations of: z <- Reshape(z, Concat(Shape(z))) * scale + i, where the shape
+    chain and `scale = w * 2` are loop-invariant and `+ i` (the iteration counter) is not."""
+    body = _body([
+        helper.make_node("Shape", ["z_in"], ["shape"]),  # of a carried value: invariant (while_loop keeps shapes)
+        helper.make_node("Concat", ["shape"], ["shape2"], axis=0),
+        helper.make_node("Reshape", ["z_in", "shape2"], ["z_r"]),
+        helper.make_node("Mul", ["w", "two"], ["scale"]),  # outer value x body initializer: invariant
+        helper.make_node("Mul", ["z_r", "scale"], ["z_s"]),
+        helper.make_node("Cast", ["i"], ["i_f"], to=TensorProto.FLOAT),  # the counter: stays
+        helper.make_node("Add", ["z_s", "i_f"], ["z_out"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+    ], [numpy_helper.from_array(np.array(2.0, np.float32), "two")])
+    return _loop(body, 3, [numpy_helper.from_array(np.full(3, 0.5, np.float32), "w")])
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -129,3 +138,65 @@ def test_weights_only_the_body_reads_move_into_it_and_results_stay():
     assert sorted(i.name for i in model.graph.initializer) == ["n", "w"], "the trip count and a shared weight stay"
     for a, b in zip(_run_all(model, x), before):
         np.testing.assert_array_equal(a, b)
+
+
+def _int8_per_block(x: np.ndarray, block: int) -> np.ndarray:
+    """What MatMulNBits at accuracy_level 4 multiplies: x rounded to int8 per block of its last axis."""
+    blocks = x.reshape(*x.shape[:-1], -1, block)
+    scale = np.maximum(np.abs(blocks).max(-1, keepdims=True) / 127, 1e-12)
+    return (np.clip(np.rint(blocks * (1 / scale)), -127, 127) * scale).reshape(x.shape)
+
+
+def test_blockwise_weights_are_what_matmulnbits_multiplies():
+    """The packing is the op's: with float compute (accuracy_level 0) the node computes x @ (the weight the
+    quantized one stands for) to float rounding, and with int8 compute (4) x rounded per block times it. The
+    stood-for weight is within half a quantum of the original, but for the few values beyond 2^(bits-1) - 1
+    quanta on the side opposite the block's extreme (clipped: within one quantum)."""
+    rng = np.random.default_rng(0)
+    k, n = 64, 24
+    w = rng.standard_normal((k, n)).astype(np.float32) * np.exp(rng.standard_normal((1, n))).astype(np.float32)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    for bits, block in ((8, 32), (4, 16)):
+        stored, scales, stands_for = blockwise_quantize(w, bits, block)
+        assert stored.shape == (n, k // block, block * bits // 8) and scales.shape == (n, k // block)
+        step = np.repeat(np.abs(scales).T, block, axis=0)  # [K, N]: each weight's quantum
+        error = np.abs(stands_for - w)
+        assert np.all(error <= step + 1e-7) and np.mean(error <= step / 2 + 1e-7) > 0.95
+        for level, expected in ((0, x @ stands_for), (4, _int8_per_block(x, block) @ stands_for)):
+            graph = helper.make_graph([nbits_node("x", "y", "b", "s", k, n, bits, block, level)], "g",
+                                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])],
+                                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                                      [numpy_helper.from_array(stored, "b"), numpy_helper.from_array(scales, "s")])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                            helper.make_opsetid("com.microsoft", 1)])
+            y = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+            np.testing.assert_allclose(y, expected, atol=1e-4, rtol=0)
+
+
+def test_matmuls_with_named_weights_in_the_loop_body_become_nbits():
+    """z <- (z @ W + z @ V) @ R for 3 iterations, W, V and R body initializers: W and V (named, one input) become
+    one MatMulNBits over both and a Split inside the body, their float copies are dropped, R stays a float
+    MatMul; the result is the loop with W's and V's stood-for weights."""
+    rng = np.random.default_rng(1)
+    w, v = (rng.standard_normal((2, 32, 32)) / 8).astype(np.float32)
+    r = np.eye(32, dtype=np.float32)[::-1].copy()
+    body = _body([helper.make_node("MatMul", ["z_in", "W"], ["zw"]), helper.make_node("MatMul", ["z_in", "V"], ["zv"]),
+                  helper.make_node("Add", ["zw", "zv"], ["zs"]), helper.make_node("MatMul", ["zs", "R"], ["z_out"]),
+                  helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+                 [numpy_helper.from_array(w, "W"), numpy_helper.from_array(v, "V"), numpy_helper.from_array(r, "R")])
+    model = _loop(body, 32, [])
+    assert step_op_counts(model.graph, 3) == {"MatMul": 9, "Add": 3, "Identity": 3, "Loop": 1}
+    stands_for = matmuls_to_nbits(model, {"W", "V"}, bits=8, block=32, accuracy_level=0)
+    onnx.checker.check_model(model, full_check=True)
+    body = next(a.g for a in model.graph.node[0].attribute if a.name == "body")
+    assert [n.op_type for n in body.node] == ["MatMulNBits", "Split", "Add", "MatMul", "Identity"]
+    assert sorted(i.name for i in body.initializer) == ["R", "W+V.q8", "W+V.q8.scales", "W+V.q8.sizes"]
+    assert step_op_counts(model.graph, 3) == {"MatMulNBits": 3, "Split": 3, "Add": 3, "MatMul": 3, "Identity": 3,
+                                              "Loop": 1}
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    expected, exact = x, x
+    for _ in range(3):
+        expected = (expected @ stands_for["W"] + expected @ stands_for["V"]) @ r
+        exact = (exact @ w + exact @ v) @ r
+    np.testing.assert_allclose(_run(model, x), expected, atol=1e-4, rtol=0)
+    assert np.abs(expected - exact).max() > 1e-4, "the 8-bit weights differ from the float ones"

@@ -131,3 +131,47 @@ def test_quantization_records_describe_each_mode():
     assert shared["activation_scales"] == "shared" and shared["fp32"] == "gates, attention scores"
     assert dynamic_quantization()["mode"] == "dynamic" and dynamic_quantization()["calibration_sha256"] is None
     assert pt2e_quantization("abc")["mode"] == "static" and pt2e_quantization("abc")["calibration_sha256"] == "abc"
+
+
+def test_nbits_graph_has_no_float_block_weights_and_computes_its_reference(tmp_path):
+    """A tiny model's fp32 KV graph rewritten with 8-bit and 4-bit MatMulNBits: in the Loop body the only float
+    matrix MatMul with a constant weight left is RoPE's rotation (and the gates' batched ones, fp32 by design), the
+    block linears (those reading one input as one node) and the head are MatMulNBits, the
+    float table is gone; prefill + decode with the graph computes the eager nbits reference (float rounding and
+    the kernel's run-time rounding apart), and 4-bit weights move the logits further from fp32 than 8-bit ones."""
+    import onnx
+
+    from hrm_edge.export.onnx import export_onnx_decode, quantize_nbits
+    from hrm_edge.export.onnx_passes import loop_and_body, step_op_counts
+    from hrm_edge.export.quantize import nbits_reference
+    from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits
+    from hrm_edge.verify.reference import eager_logits
+
+    torch.manual_seed(0)  # vocabulary and width large enough that the exporter keeps the tied head's Transpose
+    cfg = ModelConfig(vocab_size=512, d_model=64, n_heads=4, ffn_hidden=128, max_seq_len=32, H_cycles=2, L_cycles=1)
+    model = HRMLM(cfg).eval()
+    fp32_path = export_onnx_decode(model, tmp_path / "hrm.fp32.kv.onnx")
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, size=(2, 16))
+    fp32 = eager_logits(model, tokens)
+    logit_range = fp32.max() - fp32.min()
+    vs_fp32 = {}
+    for bits, block in ((8, 32), (4, 16)):
+        path, weights = quantize_nbits(fp32_path, tmp_path / f"hrm.int{bits}-nbits.kv.onnx", model, bits, block)
+        proto = onnx.load(str(path))
+        _, body = loop_and_body(proto.graph)
+        body_weights = {i.name: onnx.numpy_helper.to_array(i) for i in body.initializer}
+        float_matmuls = [body_weights[n.input[1]] for n in body.node if n.op_type == "MatMul" and n.input[1] in body_weights]
+        matrices = [w for w in float_matmuls if w.ndim == 2]  # (the rest: both gates' stacked [2, 1, ., .] weights)
+        assert len(matrices) == 1 and np.array_equal(matrices[0], model.block.attn.rot.numpy().T)
+        assert all(w.ndim == 4 and w.shape[0] == 2 for w in float_matmuls if w.ndim != 2)
+        # per application wq+wk+wv, wo, w_gate+w_up and w_down (linears that read one input: one node); the head
+        assert step_op_counts(proto.graph, cfg.n_steps)["MatMulNBits"] == 4 * cfg.n_steps + 1
+        assert not [i.name for i in proto.graph.initializer if i.data_type == onnx.TensorProto.FLOAT
+                    and np.prod(i.dims) == cfg.vocab_size * cfg.d_model], "the float table is gone"
+        assert sorted(weights) == sorted([f"block.{n}.weight" for n in BLOCK_LINEARS] + ["embed.weight"])
+        got = decode_logits(OnnxDecoder(path, threads=1), tokens, prefill_len=4)
+        reference = eager_logits(nbits_reference(model, weights, block), tokens)
+        # measured 2e-7 to 2e-6 x range; a reference without the kernel's input rounding is 3e-3 to 4e-3 away
+        assert np.abs(got - reference).max() < 1e-4 * logit_range
+        vs_fp32[bits] = np.abs(got - fp32).max()
+    assert 0 < vs_fp32[8] < vs_fp32[4] < 0.05 * logit_range  # measured 4.6e-3 and 1.1e-2 x range

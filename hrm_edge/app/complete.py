@@ -43,7 +43,8 @@ def pick_artifact(manifest: dict, runtime: str, precision: str, program: str = "
         what = {"kv_cache": "KV-cache", "speculative": "self-speculative (--speculative)"}[program]
         raise UserError(f"no {precision} {what} {fmt} program in this export (have: {', '.join(have) or 'none'}); "
                         f"re-run python -m hrm_edge.export")
-    return candidates[0]
+    # onnxruntime's weight-only MatMulNBits graphs decode faster than the static int8 ones (docs/quantization.md)
+    return min(candidates, key=lambda a: (a.quantization or {}).get("mode") != "nbits")
 
 
 def speculative_graphs(manifest: dict, kv: Artifact) -> list[str]:
@@ -163,7 +164,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--artifacts", type=Path, default=Path("export/out"), help="export folder (default export/out)")
     p.add_argument("--runtime", choices=RUNTIMES, default="executorch", help="which runtime runs the model")
     p.add_argument("--precision", choices=("fp32", "int8", "int4"), default="fp32",
-                   help="which exported program (default fp32; int4: the opt-in 8da4w .pte)")
+                   help="which exported program (default fp32; int8 with onnx: the weight-only MatMulNBits graph "
+                        "where the export has one, else the static int8 one; int4: 4-bit weights, the int4-nbits "
+                        "ONNX graph or the opt-in 8da4w .pte)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0 = off)")

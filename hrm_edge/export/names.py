@@ -2,6 +2,7 @@
 
     hrm.fp32.onnx                      full-sequence fp32 ONNX graph
     hrm.int8-static-perstep.kv.onnx    KV-cache (prefill + decode) int8 graph, per-step activation scales
+    hrm.int4-nbits.kv.onnx             KV-cache graph with 4-bit weights (onnxruntime's MatMulNBits; int8-nbits: 8-bit)
     hrm.int8-dynamic.c1.kv.pte         KV-cache int8 ExecuTorch program run with 1 of the H outer cycles
     hrm.fp32.kv.ort                    onnxruntime's ORT format of hrm.fp32.kv.onnx
     hrm.fp32.draft.onnx                self-speculative decoding's draft graph (hrm.fp32.verify.onnx: its verify graph)
@@ -22,7 +23,8 @@ PROGRAMS = {"full_sequence": [], "kv_cache": ["kv"], "draft": ["draft"], "verify
 
 def artifact_name(arch: str, precision: str, fmt: str, program: str = "full_sequence",
                   n_cycles: int | None = None) -> str:
-    """precision: fp32, int8-static-perstep, int8-static-shared, int8-static, int8-dynamic, 8da4w."""
+    """precision: fp32, int8-static-perstep, int8-static-shared, int8-static, int8-dynamic, 8da4w, int8-nbits,
+    int4-nbits."""
     if fmt not in EXTENSIONS or program not in PROGRAMS:
         raise ValueError(f"unknown format {fmt!r} or program {program!r}")
     parts = [arch, precision]

@@ -25,8 +25,10 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
+from hrm_edge.export.calibrate import BLOCK_LINEARS
 from hrm_edge.export.names import ort_name
-from hrm_edge.export.onnx_passes import hoist_loop_invariants, loop_and_body, merge_split_concat, names_read, weights_into_body
+from hrm_edge.export.onnx_passes import (blockwise_quantize, hoist_loop_invariants, loop_and_body, matmuls_to_nbits,
+                                         merge_split_concat, names_read, nbits_node, weights_into_body)
 from hrm_edge.io import atomic_write_bytes, atomic_write_text
 from hrm_edge.model.lm import HRMLM, DraftForm, FunctionalDecodeForm, RMSNorm, TracedForm, VerifyForm, cache_steps
 
@@ -373,6 +375,75 @@ def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
     keep = [i for i in graph.initializer if i.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep)
+
+
+# ---- weight-only MatMulNBits ----
+# onnxruntime's fast weight-only path (com.microsoft MatMulNBits, accuracy_level 4: the input quantized to int8
+# per block at run time, integer dot products) needs no calibration, and one node replaces the static rewrite's
+# four (Quantize, MatMulInteger, Cast, Mul) per group of linears reading one input (wq+wk+wv, w_gate+w_up). The
+# block linears get `bits`-bit weights; the tied table is 8-bit at either width (a 4-bit head costs more quality
+# than it saves bytes: quantize.dynamic_int4_model) and stored once, as the head's MatMulNBits weight
+# [V, D / block, block], whose rows the embedding gather reads.
+NBITS_TABLE_BITS = 8
+
+
+def quantize_nbits(fp32_path: Path, path: Path, model: HRMLM, bits: int, block: int) -> tuple[Path, dict]:
+    """Rewrite the fp32 Loop graph at `fp32_path` into a weight-only graph at `path` (see the comment above).
+    Returns the path and {parameter name: the float weight its quantized one stands for} (the eager reference's
+    weights, hrm_edge.export.quantize.nbits_reference)."""
+    proto = onnx.load(str(fp32_path))
+    arrays = _initializers(proto.graph)
+    weight_of = {_find_initializer(arrays, model.block.get_submodule(n).weight.detach().numpy().T): f"block.{n}.weight"
+                 for n in BLOCK_LINEARS}
+    done = matmuls_to_nbits(proto, set(weight_of), bits, block)
+    if set(done) != set(weight_of):
+        raise RuntimeError("MatMulNBits: did not find every block linear in the graph")
+    weights = {weight_of[name]: w.T for name, w in done.items()}  # [out, in], as nn.Linear stores it
+    merge_split_concat(loop_and_body(proto.graph)[1], proto.graph)  # wq+wk+wv as one: RoPE's Concat of q, k goes
+    inits = NewInitializers()
+    weights["embed.weight"] = _nbits_tied_table(proto.graph, block, inits)
+    proto.graph.initializer.extend(inits)
+    _drop_unused_initializers(proto.graph)
+    del proto.graph.value_info[:]  # the rewritten values' types changed; runtimes re-infer them
+    onnx.checker.check_model(proto, full_check=True)
+    atomic_write_bytes(path, proto.SerializeToString())
+    return path, weights
+
+
+def _nbits_tied_table(main: onnx.GraphProto, block: int, inits: NewInitializers) -> np.ndarray:
+    """The tied head Gemm(x, table, transB=1) -> MatMulNBits over the 8-bit table, and the embedding gather ->
+    the gathered rows of that table, dequantized. Returns the table [V, D] the 8-bit one stands for."""
+    table = next(onnx.numpy_helper.to_array(i) for i in main.initializer if i.name == TIED_TABLE)  # [V, D]
+    vocab, d_model = table.shape
+    stored, scales, dequantized = blockwise_quantize(table.T, NBITS_TABLE_BITS, block)  # [V, D/block, block]
+    p = "nbits.embed"
+    q, s = inits.add(f"{p}.q8", stored), inits.add(f"{p}.scales", scales)
+    shift = inits.add(f"{p}.zero_point", np.array(2.0 ** (NBITS_TABLE_BITS - 1), dtype=np.float32))
+    last = inits.add(f"{p}.last_axis", np.array([-1], dtype=np.int64))
+    rows = inits.add(f"{p}.rows_shape", np.array([0, 0, d_model], dtype=np.int64))  # [B, S, D]: 0 keeps a dim
+    nodes, head_found = [], False
+    for node in main.node:
+        if node.op_type == "Gather" and node.input[0] == TIED_TABLE:
+            tokens, out = node.input[1], node.output[0]
+            nodes += [
+                helper.make_node("Gather", [q, tokens], [f"{p}.rows_u8"], axis=0, name=f"{p}.gather"),  # [B, S, D/bk, bk]
+                helper.make_node("Cast", [f"{p}.rows_u8"], [f"{p}.rows_f"], to=TensorProto.FLOAT, name=f"{p}.cast"),
+                helper.make_node("Sub", [f"{p}.rows_f", shift], [f"{p}.rows_q"], name=f"{p}.unshift"),
+                helper.make_node("Gather", [s, tokens], [f"{p}.row_scales"], axis=0, name=f"{p}.gather_scales"),
+                helper.make_node("Unsqueeze", [f"{p}.row_scales", last], [f"{p}.row_scales_u"], name=f"{p}.unsqueeze"),
+                helper.make_node("Mul", [f"{p}.rows_q", f"{p}.row_scales_u"], [f"{p}.rows"], name=f"{p}.dequantize"),
+                helper.make_node("Reshape", [f"{p}.rows", rows], [out], name=f"{p}.reshape"),
+            ]
+        elif node.op_type == "Gemm" and node.input[1] == TIED_TABLE:
+            head_found = True
+            nodes.append(nbits_node(node.input[0], node.output[0], q, s, d_model, vocab, NBITS_TABLE_BITS, block, 4))
+        else:
+            nodes.append(node)
+    if not head_found:
+        raise RuntimeError("MatMulNBits: did not find the tied head")
+    del main.node[:]
+    main.node.extend(nodes)
+    return dequantized.T
 
 
 # ---- ONNX Runtime mobile format ----

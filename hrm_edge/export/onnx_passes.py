@@ -182,3 +182,106 @@ def _axis(node: onnx.NodeProto) -> int:
     """The axis attribute of a Split (default 0) or Concat. Only the last axis, -1, is ever merged: this pass
     does not know ranks, so it cannot equate a positive axis with a negative one."""
     return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+
+
+# ---- weight-only 8- and 4-bit matmuls (onnxruntime's MatMulNBits) ----
+NBITS_DOMAIN = "com.microsoft"  # MatMulNBits is an onnxruntime contrib op (its CPU kernels and onnxruntime-web's)
+
+
+def blockwise_quantize(w: np.ndarray, bits: int, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """w [K, N] (a MatMul's right operand) -> MatMulNBits's B [N, K / block, block * bits / 8] uint8, its scales
+    [N, K / block] float32, and the weight [K, N] they stand for. Symmetric per block of `block` inputs of one
+    output, all 2^bits levels used: the block's value of largest magnitude v is -2^(bits-1) quanta, scale
+    v / -2^(bits-1) (negative where v > 0), q = round(w / scale) in [-2^(bits-1), 2^(bits-1) - 1], stored
+    + 2^(bits-1): the op's default zero point, so the graph needs no zero-point input. 4-bit values two a
+    byte, the first in the low nibble."""
+    k, n = w.shape
+    if k % block or bits not in (4, 8):
+        raise ValueError(f"blockwise_quantize: {bits}-bit blocks of {block} do not fit K = {k}")
+    half = 2 ** (bits - 1)
+    blocks = np.ascontiguousarray(w.T, dtype=np.float32).reshape(n, k // block, block)
+    extreme = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]  # [N, K / block]
+    scales = (extreme / -half).astype(np.float32)
+    scales[scales == 0] = 1.0  # an all-zero block: any scale stores it exactly
+    q = np.clip(np.rint(blocks / scales[..., None]), -half, half - 1)
+    dequantized = (q.astype(np.float32) * scales[..., None]).reshape(n, k).T
+    stored = (q + half).astype(np.uint8)
+    if bits == 4:
+        stored = stored[..., 0::2] | (stored[..., 1::2] << 4)
+    return stored, scales, np.ascontiguousarray(dequantized)
+
+
+def nbits_node(x: str, y: str, stored: str, scales: str, k: int, n: int, bits: int, block: int,
+               accuracy_level: int) -> onnx.NodeProto:
+    """y = x @ (the weight `stored` and `scales` stand for); accuracy_level 4: int8 compute (x quantized per
+    block at run time), onnxruntime's fast path on x86 (VNNI/AMX) and ARM (dot product)."""
+    return onnx.helper.make_node("MatMulNBits", [x, stored, scales], [y], domain=NBITS_DOMAIN, name=f"{y}.nbits",
+                                 K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy_level)
+
+
+def matmuls_to_nbits(model: onnx.ModelProto, weights: set, bits: int, block: int, accuracy_level: int = 4) -> dict:
+    """Every MatMul of the main graph or the Loop body whose right operand is an initializer of that graph named
+    in `weights` becomes MatMulNBits over its blockwise-quantized weight; MatMuls that read the same input become
+    one MatMulNBits over their weights side by side, split after (wq, wk, wv; w_gate, w_up): the kernel
+    quantizes its input once, and one larger matmul runs instead of several. The float weights are dropped when
+    nothing else reads them. Returns {weight name: the weight [K, N] the quantized one stands for} (what an eager
+    reference multiplies with: blocks run along K, so side by side or alone, a weight is quantized the same)."""
+    graph = model.graph
+    done: dict = {}
+    for g in (loop_and_body(graph)[1], graph):  # the body first: rebuilding graph.node leaves a stale body copy
+        inits = {i.name: i for i in g.initializer}
+        groups: dict = {}  # input -> MatMuls reading it with a weight to quantize
+        for node in g.node:
+            if node.op_type == "MatMul" and node.input[1] in weights and node.input[1] in inits:
+                groups.setdefault(node.input[0], []).append(node)
+        first = {matmuls[0].output[0]: matmuls for matmuls in groups.values()}
+        replaced = {m.output[0] for matmuls in groups.values() for m in matmuls}
+        nodes = []
+        for node in g.node:
+            if node.op_type == "MatMul" and node.output[0] in first:
+                nodes += _nbits_group(g, inits, first[node.output[0]], (bits, block, accuracy_level), done)
+            elif not (node.op_type == "MatMul" and node.output[0] in replaced):
+                nodes.append(node)
+        del g.node[:]
+        g.node.extend(nodes)
+    read = names_read(graph)
+    for g in (graph, loop_and_body(graph)[1]):
+        unread = [i for i in g.initializer if i.name in done and i.name not in read]
+        for init in unread:
+            g.initializer.remove(init)
+    if not any(o.domain == NBITS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(NBITS_DOMAIN, 1))
+    return done
+
+
+def _nbits_group(g: onnx.GraphProto, inits: dict, matmuls: list, kind: tuple, done: dict) -> list:
+    """Nodes computing `matmuls` (one input, weights in `inits`) as one MatMulNBits (+ a Split where several);
+    the quantized weights go into `g`, what each stands for into `done`. kind: (bits, block, accuracy_level)."""
+    bits, block, accuracy_level = kind
+    names = [m.input[1] for m in matmuls]
+    parts = [blockwise_quantize(onnx.numpy_helper.to_array(inits[w]), bits, block) for w in names]
+    done.update({w: stands_for for w, (_, _, stands_for) in zip(names, parts)})
+    p = "+".join(names) + f".q{bits}"
+    g.initializer.extend([onnx.numpy_helper.from_array(np.concatenate([q for q, _, _ in parts]), p),  # [sum N, ...]
+                          onnx.numpy_helper.from_array(np.concatenate([s for _, s, _ in parts]), f"{p}.scales")])
+    sizes = [int(inits[w].dims[1]) for w in names]
+    y = matmuls[0].output[0] if len(matmuls) == 1 else f"{p}.y"
+    nodes = [nbits_node(matmuls[0].input[0], y, p, f"{p}.scales", int(inits[names[0]].dims[0]), sum(sizes), bits,
+                        block, accuracy_level)]
+    if len(matmuls) > 1:
+        g.initializer.append(onnx.numpy_helper.from_array(np.array(sizes, dtype=np.int64), f"{p}.sizes"))
+        nodes.append(onnx.helper.make_node("Split", [y, f"{p}.sizes"], [m.output[0] for m in matmuls], axis=-1,
+                                           name=f"{p}.split"))
+    return nodes
+
+
+def step_op_counts(graph: onnx.GraphProto, trip_count: int) -> dict:
+    """{op type: nodes one call of a Loop graph runs}: the main graph's once, the Loop body's trip_count times
+    (the KV graph's trip count is past_k's first dimension; nested graphs other than the Loop body are not
+    counted)."""
+    counts: dict = {}
+    _, body = loop_and_body(graph)
+    for nodes, times in ((graph.node, 1), (body.node, trip_count)):
+        for node in nodes:
+            counts[node.op_type] = counts.get(node.op_type, 0) + times
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))

@@ -33,10 +33,11 @@ from hrm_edge.errors import UserError
 from hrm_edge.export.calibrate import activation_ranges, make_calibration_set, save_calibration_set
 from hrm_edge.export.executorch import export_pte, export_pte_decode, export_pte_speculative, quantized_for_pte
 from hrm_edge.export.names import artifact_name
-from hrm_edge.export.onnx import (export_onnx, export_onnx_decode, export_onnx_draft, export_onnx_verify, export_ort,
-                                  mobile_usability, quantize_static_int8)
-from hrm_edge.export.quantize import (all_linear_int8_names, dynamic_int4_quantization, dynamic_quantization,
-                                      int8_weight_bytes, parse_linear_names, pt2e_quantization, pte_weight_bytes,
+from hrm_edge.export.onnx import (NBITS_TABLE_BITS, export_onnx, export_onnx_decode, export_onnx_draft, export_onnx_verify,
+                                  export_ort, mobile_usability, quantize_nbits, quantize_static_int8)
+from hrm_edge.export.quantize import (NBITS_BLOCK, all_linear_int8_names, dynamic_int4_quantization, dynamic_quantization,
+                                      int8_weight_bytes, nbits_quantization, nbits_reference, nbits_weight_bytes,
+                                      parse_linear_names, pt2e_quantization, pte_weight_bytes,
                                       static_int8_names, static_int8_pt2e_model, static_int8_reference,
                                       static_onnx_quantization, static_plan)
 from hrm_edge.export.workers import init_worker
@@ -49,6 +50,7 @@ from hrm_edge.model.lm import HRMLM, parameter_counts, unique_weight_bytes
 from hrm_edge.quiet import native_stderr_kept_back, quiet_third_party
 from hrm_edge.runtime.decoders import generate
 from hrm_edge.runtime.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact, manifest_json
+from hrm_edge.runtime.speculative import speculative_set
 from hrm_edge.train.dataset import Corpus, encode_documents, fixed_windows, load_corpus
 from hrm_edge.train.loop import train
 from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
@@ -58,7 +60,7 @@ from hrm_edge.verify.web_bundle import write_web_bundle
 
 DEFAULT_OUT = Path("export/out")
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_model"
-INT8_MODES = ("static", "static-shared", "dynamic", "pt2e", "8da4w")
+INT8_MODES = ("static", "static-shared", "dynamic", "pt2e", "8da4w", "nbits")
 GREEDY_NEW_TOKENS = 64  # decode parity: this many greedy tokens must match eager fp32 exactly
 
 
@@ -217,6 +219,7 @@ def export_stages(out: Path, staging: Path, options: ExportOptions, log=print) -
     with pte_workers(staging, prepared, parity, options, log) as wait_for_pte_programs:
         onnx_fp32 = export_fp32_onnx(staging, prepared, parity, options, log)
         int8, calibration = export_int8(staging, prepared, parity, onnx_fp32, options, log)
+        int8 += export_nbits_onnx(staging, prepared, parity, onnx_fp32, log)
         dial, depth_dial = export_depth_dial(staging, prepared, parity, options, log)
         exported = with_ort(staging, onnx_fp32 + int8 + dial, options, log)
         exported += export_speculative_onnx(staging, prepared, parity, calibration, onnx_fp32 + int8, log)
@@ -397,6 +400,35 @@ def export_static_int8_onnx(staging: Path, prepared: Prepared, parity: ParitySet
     return written
 
 
+def export_nbits_onnx(staging: Path, prepared: Prepared, parity: ParitySet, onnx_fp32: Made, log) -> Made:
+    """Weight-only ONNX graphs (int8 mode nbits): the fp32 full-sequence and KV graphs with every block linear and
+    the tied head as onnxruntime's MatMulNBits, 8-bit ("int8-nbits") and 4-bit ("int4-nbits") weights, each
+    pair with its eager reference (quantize.nbits_reference). No calibration: the kernel quantizes its inputs."""
+    arch, model = prepared.cfg.arch, prepared.model
+    if "nbits" not in prepared.int8 or arch != "hrm" or not onnx_fp32.has(artifact_name(arch, "fp32", "onnx")):
+        return Made()
+    written, widths = Made(), sorted({prepared.cfg.d_model, prepared.cfg.ffn_hidden})  # the matmuls' input widths
+    for bits, block in NBITS_BLOCK.items():
+        if any(w % block for w in widths):
+            log(f"[export] int{bits}-nbits skipped: input widths {widths} are not multiples of its block, {block}")
+            continue
+        t = _stage(f"weight-only int{bits} ONNX (MatMulNBits, blocks of {block})", log)
+        precision, made = f"int{bits}-nbits", {}
+        for program in ("full_sequence", "kv_cache"):
+            made[program] = quantize_nbits(staging / artifact_name(arch, "fp32", "onnx", program),
+                                           staging / artifact_name(arch, precision, "onnx", program), model, bits, block)
+        weights = made["full_sequence"][1]  # (the same in both graphs)
+        name = artifact_name(arch, precision, "onnx")  # its eager reference is the KV graph's too
+        info = {"reference": name, "quantization": nbits_quantization(bits, block, NBITS_TABLE_BITS),
+                "weight_bytes": nbits_weight_bytes(model, weights, bits, block, NBITS_TABLE_BITS)}
+        written += wrote(made["full_sequence"][0], "onnx", f"int{bits}", "full_sequence", "onnx_loop",
+                         {name: eager_logits(nbits_reference(model, weights, block), parity.tokens)}, **info)
+        written += wrote(made["kv_cache"][0], "onnx", f"int{bits}", "kv_cache", "onnx_loop",
+                         prefill_len=parity.prefill_len, **info)
+        log(f"[export] wrote {name} and its KV graph in {time.perf_counter() - t:.0f} s")
+    return written
+
+
 def export_speculative_onnx(staging: Path, prepared: Prepared, parity: ParitySet, calibration: Calibration | None,
                             made: Made, log) -> Made:
     """Self-speculative decoding's draft and verify graphs (hrm_edge.runtime.speculative) beside each full-depth
@@ -423,7 +455,23 @@ def export_speculative_onnx(staging: Path, prepared: Prepared, parity: ParitySet
             written += wrote(path, "onnx", "int8", program, "onnx_loop", prefill_len=parity.prefill_len,
                              reference=int8_kv.reference, weight_bytes=int8_kv.weight_bytes,
                              quantization=int8_kv.quantization, mobile_usability=mobile_usability(path))
+    written += nbits_speculative_onnx(staging, model, parity, made)
     log(f"[export] wrote {len(written.artifacts)} ONNX graphs in {time.perf_counter() - t:.0f} s")
+    return written
+
+
+def nbits_speculative_onnx(staging: Path, model: HRMLM, parity: ParitySet, made: Made) -> Made:
+    """The draft and verify graphs of each MatMulNBits KV graph in `made` (export_nbits_onnx): the fp32 ones (written
+    by export_speculative_onnx) rewritten as the KV graph was; its eager reference is theirs too."""
+    written = Made()
+    for kv in [a for a in made.artifacts if a.program == "kv_cache" and (a.quantization or {}).get("mode") == "nbits"]:
+        bits = int(kv.precision.removeprefix("int"))
+        for program, name in zip(("draft", "verify"), speculative_set(kv.path)[1:]):
+            path, _ = quantize_nbits(staging / artifact_name("hrm", "fp32", "onnx", program), staging / name, model,
+                                     bits, NBITS_BLOCK[bits])
+            written += wrote(path, "onnx", kv.precision, program, "onnx_loop", prefill_len=parity.prefill_len,
+                             reference=kv.reference, weight_bytes=kv.weight_bytes, quantization=kv.quantization,
+                             mobile_usability=mobile_usability(path))
     return written
 
 
@@ -673,8 +721,10 @@ def main(argv=None) -> int:
     p.add_argument("--parity-samples", type=int, default=8, help="validation windows for the parity gate (default 8)")
     p.add_argument("--formats", default="onnx,pte", help="comma-separated subset of onnx,pte (default: both)")
     p.add_argument("--int8",
-                   help="quantized artifacts to add: comma-separated subset of static,static-shared,dynamic,8da4w,pt2e, or "
-                        "none (default: the preset's [quant] int8_modes: static,dynamic for tiny and default). static: "
+                   help="quantized artifacts to add: comma-separated subset of static,static-shared,dynamic,8da4w,pt2e,"
+                        "nbits, or none (default: the preset's [quant] int8_modes: static,dynamic for tiny, static,dynamic,nbits "
+                        "for default and the shipped model). nbits: ONNX graphs with 8-bit and with 4-bit weights in onnxruntime's MatMulNBits "
+                        "(weight-only, no calibration; also their self-speculative draft and verify graphs). static: "
                         "ONNX Loop graphs with calibrated int8 activation scales per iteration step; static-shared: the "
                         "same with one scale for every step (a comparison); dynamic: "
                         "ExecuTorch KV-cache program with int8 dynamic activations x int8 weights (torchao); 8da4w: the "

@@ -335,3 +335,64 @@ def pt2e_quantization(calibration_sha256: str) -> dict:
             "activations": "int8 per tensor, calibrated (PT2E XNNPACKQuantizer)",
             "weights": "int8 symmetric per output channel (every linear: block and gates)",
             "embedding": SHARED_ROW_SCALED_TABLE, "calibration_sha256": calibration_sha256}
+
+
+# ---- weight-only MatMulNBits (the ONNX "int8-nbits" and "int4-nbits" graphs) ----
+# inputs per weight (and run-time input) scale, by weight bits: on the shipped model, blocks of 64 cost 8-bit
+# weights top-1 0.98 -> 0.97 against fp32 (the kernel's int8 inputs are coarser too), and blocks of 32 cost 4-bit
+# ones 0.87 -> 0.83, below the int4 gate; 32 decodes faster than 16 at 8 bits (docs/quantization.md)
+NBITS_BLOCK = {8: 32, 4: 16}
+
+
+def nbits_reference(model, weights: dict, block: int):
+    """A copy of `model` computing what a MatMulNBits graph computes (hrm_edge.export.onnx.quantize_nbits):
+    the parameters named in `weights` ({name: float array [out, in]}) are the values the quantized ones stand
+    for, and the inputs of the block linears and the head are rounded as onnxruntime's int8-compute kernel
+    (accuracy_level 4) rounds them, to int8 per block of `block` inputs (symmetric, max |x| / 127)."""
+    ref = copy.deepcopy(model).eval()
+    params = dict(ref.named_parameters())
+    with torch.no_grad():
+        for name, w in weights.items():
+            params[name].copy_(torch.from_numpy(np.ascontiguousarray(w)))
+    for name in BLOCK_LINEARS:
+        ref.block.get_submodule(name).register_forward_pre_hook(lambda module, inputs: (int8_per_block(inputs[0], block),))
+    ref.head = NbitsHead(ref.embed, block)
+    return ref
+
+
+def int8_per_block(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x [..., K] rounded to int8 per block of `block` along K (symmetric, round half to even), as floats."""
+    blocks = x.reshape(*x.shape[:-1], -1, block)
+    scale = torch.clamp(blocks.abs().amax(dim=-1, keepdim=True) / INT8_MAX, min=1e-12)
+    return (torch.clamp(torch.round(blocks * (1 / scale)), -INT8_MAX, INT8_MAX) * scale).reshape(x.shape)
+
+
+class NbitsHead(torch.nn.Module):
+    """The tied head of a MatMulNBits graph: its input rounded per block (int8_per_block), times the table."""
+
+    def __init__(self, embed: torch.nn.Embedding, block: int):
+        super().__init__()
+        self.embed, self.block = embed, block
+
+    def forward(self, x):
+        return torch.nn.functional.linear(int8_per_block(x, self.block), self.embed.weight)  # [B, S, V]
+
+
+def nbits_weight_bytes(model, weights: dict, bits: int, block: int, table_bits: int) -> int:
+    """Bytes of a model's weights once `weights` (parameter names) are stored at `bits` (the tied table at
+    `table_bits`) with one fp32 scale per `block` inputs; fp32 elsewhere."""
+    params = dict(model.named_parameters())
+    total = weight_bytes(model, {}) - sum(4 * params[name].numel() for name in weights)
+    for name in weights:
+        b = table_bits if name == "embed.weight" else bits
+        total += params[name].numel() * b // 8 + 4 * params[name].numel() // block
+    return total
+
+
+def nbits_quantization(bits: int, block: int, table_bits: int) -> dict:
+    """The weight-only MatMulNBits ONNX graphs (export_onnx.quantize_nbits): no calibration."""
+    return {"mode": "nbits", "activation_scales": "dynamic per block (onnxruntime, accuracy_level 4)",
+            "activations": f"int8 per block of {block} inputs, quantized by the MatMulNBits kernel at run time",
+            "weights": f"int{bits} symmetric, one scale per {block} inputs (every block linear)",
+            "embedding": f"int{table_bits} symmetric per {block} columns, one table shared by gather and head",
+            "fp32": "gates, attention scores, RoPE", "calibration_sha256": None}

@@ -50,8 +50,8 @@ class OnnxDecoder(Decoder):
     """The *.kv.onnx graph: (tokens, past_k, past_v) -> (logits, present_k, present_v); the presents of one
     call are the pasts of the next (the cache grows by the call's tokens, up to max_seq_len)."""
 
-    def __init__(self, path: Path, threads: int = 0):
-        self.session = ort_session(path, threads)
+    def __init__(self, path: Path, threads: int = 0, profile: bool = False):
+        self.session = ort_session(path, threads, profile)
         meta = self.session.get_modelmeta().custom_metadata_map
         shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_k")  # [T, B, H, P, hd]
         self.empty_cache = np.zeros((shape[0], 1, shape[2], 0, shape[4]), np.float32)

@@ -53,13 +53,18 @@ FP32_TOLERANCE = Tolerance(rel_max_abs=1e-4, min_top1=0.999, max_ppl_ratio=1.001
 # a rounding tie resolved differently (x/s vs x*(1/s), accumulation order) moves one value by one quantum,
 # and the next step's quantizer can propagate it through the T iterations: measured ~4e-3 x range on a
 # d-128 model trained for 10 M tokens, 1.3e-2 x range and top-1 0.983-0.987 on the shipped d-256 model
-# trained for 98 M tokens (sharper logits, more near-ties). A broken artifact is far outside either.
+# trained for 98 M tokens (sharper logits, more near-ties). A broken artifact is far outside either. The
+# weight-only MatMulNBits graphs (whose kernel rounds its inputs per block at run time, as their reference does)
+# measure 4.5e-3 to 5.6e-3 x range and top-1 0.992-0.996 on the shipped model, 8- and 4-bit alike.
 INT8_VS_REFERENCE = Tolerance(rel_max_abs=2e-2, min_top1=0.98, max_ppl_ratio=1.005)
 # int8 artifact vs fp32 eager: what quantization costs. Top-1 and perplexity bounds come from the preset's
 # [quant] table (default 0.97 and 1.02, the issue's quality gate); the max-abs bound only catches a broken
-# artifact.
+# artifact. Measured on the shipped model: static int8 2.1e-2 x range, top-1 0.979; int8-nbits 1.4e-2, 0.985.
 INT8_VS_FP32_MAX_ABS = 5e-2
-INT4_VS_FP32_MAX_ABS = 1e-1  # 4-bit weights (the opt-in 8da4w program) move logits further
+# 4-bit weights move logits further: int4-nbits (every block linear 4-bit, blocks of 16; the table 8-bit) measures
+# 8.1e-2 x range, top-1 0.904, perplexity 1.031x on the shipped model, inside the bound with little room: its error
+# is the weights' rounding, which is the same on every CPU (the run-time part, vs its reference, is 5e-3 x range)
+INT4_VS_FP32_MAX_ABS = 1e-1
 
 
 def tolerances(quant_cfg) -> dict:
