@@ -74,7 +74,7 @@ class TypedContext:
         self.ids: list[int] = []
         self.past_k, self.past_v = step_model.empty_past()
         self.logits = None  # [V] of the last position
-        self.chains: dict[int, Chain] = {}  # first token -> its chain, for self.ids
+        self.chains: dict[tuple, Chain] = {}  # (first token, text still to spell) -> its chain, for self.ids
         self._texts = (None, [])
 
     def update(self, ids: list[int]) -> np.ndarray:
@@ -145,13 +145,28 @@ def softmax64(logits: np.ndarray) -> np.ndarray:
     return z / z.sum()
 
 
-def first_tokens(logits: np.ndarray, texts: list[str], prefix: str) -> list[int]:
-    """The CANDIDATES highest-logit tokens whose text starts with `prefix` (and is not empty); ties: lower id."""
+def healed_start(tokenizer, ids: list[int], partial: str) -> int:
+    """Token healing: the index of the first id taken back. The last id, and every earlier one that holds part
+    of the partial word (so the context ends before the word being typed); at least one id stays."""
+    j = len(ids) - 1
+    while j > 1 and len(tokenizer.decode(ids[j:])) < len(partial):
+        j -= 1
+    return j
+
+
+def fits(token_text: str, prefix: str) -> bool:
+    """A token that may come next while `prefix` is still to be spelled: it starts with prefix or is a proper
+    prefix of it (the following tokens then spell the rest)."""
+    return bool(token_text) and (token_text.startswith(prefix) or prefix.startswith(token_text))
+
+
+def first_tokens(logits: np.ndarray, texts: list[str], prefix: str, count: int = CANDIDATES) -> list[int]:
+    """The `count` highest-logit tokens that fit `prefix` (and are not empty); ties: lower id."""
     out = []
     for t in np.argsort(-logits, kind="stable"):
-        if texts[t] and texts[t].startswith(prefix):
+        if fits(texts[t], prefix):
             out.append(int(t))
-            if len(out) == CANDIDATES:
+            if len(out) == count:
                 break
     return out
 
@@ -162,6 +177,8 @@ def decide(tokens: list[int], probs: list[float], tokenizer, texts: list[str], p
     if not texts[tokens[-1]]:
         return ""  # a special token (end of text): no word follows
     text = tokenizer.decode(tokens)
+    if len(text) < len(prefix) and prefix.startswith(text):
+        return None  # still spelling the taken-back text
     if not text.startswith(prefix):
         return ""
     read = read_word(text[len(prefix):], mid_word)
@@ -186,9 +203,9 @@ def first_decision(chain: Chain, decide_tokens):
     return None
 
 
-def extend(context: TypedContext, chains: list[Chain], still_open) -> None:
-    """Grow every chain whose word is still open by greedy tokens, all of them as one batch per decode step,
-    until each has ended (still_open false) or has MAX_EXTRA_TOKENS more tokens."""
+def extend(context: TypedContext, chains: list[Chain], still_open, next_token) -> None:
+    """Grow every chain whose word is still open by greedy tokens (next_token(chain, logits [V]) -> id), all of
+    them as one batch per decode step, until each has ended (still_open false) or has MAX_EXTRA_TOKENS more."""
     rows = [i for i in range(len(chains)) if still_open(chains[i])]  # the chain of each batch row
     if not rows:
         return
@@ -199,7 +216,7 @@ def extend(context: TypedContext, chains: list[Chain], still_open) -> None:
         logits, past_k, past_v = context.model.run(tokens, past_k, past_v)
         for b, i in enumerate(rows):
             row = logits[b, 0].astype(np.float64)
-            t = int(np.argmax(row))
+            t = next_token(chains[i], row)
             chains[i].tokens.append(t)
             chains[i].probs.append(float(1.0 / np.exp(row - row[t]).sum()))
         keep = [b for b, i in enumerate(rows) if still_open(chains[i])]
@@ -217,24 +234,33 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
     ids = context_window(tokenizer.encode(text, add_special_tokens=False).ids, context.model.max_seq_len)
     if not ids:
         return Suggestions([], 0.0)
-    # token healing: the last token is taken back; the first token must start with its text
-    logits = context.update(ids[:-1] if len(ids) > 1 else ids)
-    texts = context.token_texts(tokenizer, len(logits))
-    prefix = texts[ids[-1]] if len(ids) > 1 else ""
     partial = trailing_word(text)
+    # token healing: the tokens of the partial word (at least the last one) are taken back; the chains spell
+    # their text again
+    cut = healed_start(tokenizer, ids, partial) if len(ids) > 1 else len(ids)
+    logits = context.update(ids[:cut])
+    texts = context.token_texts(tokenizer, len(logits))
+    prefix = tokenizer.decode(ids[cut:])
     p = softmax64(logits)
 
     def decide_tokens(tokens, probs):
         return decide(tokens, probs, tokenizer, texts, prefix, partial != "")
 
+    def next_token(chain, row):  # greedy, among the tokens that fit while the taken-back text is unspelled
+        spelled = tokenizer.decode(chain.tokens)
+        if len(spelled) >= len(prefix):
+            return int(np.argmax(row))
+        return (first_tokens(row, texts, prefix[len(spelled):], 1) or [int(np.argmax(row))])[0]
+
     chains, fresh = [], []
     for t in first_tokens(logits, texts, prefix):
-        chain = context.chains.get(t)
+        key = (t, prefix[len(texts[t]):])  # a chain depends on its first token and the text it must spell
+        chain = context.chains.get(key)
         if chain is None or (first_decision(chain, decide_tokens) is None and len(chain.tokens) <= MAX_EXTRA_TOKENS):
-            chain = context.chains[t] = Chain([t], [float(p[t])])  # not computed yet, or too short to decide
+            chain = context.chains[key] = Chain([t], [float(p[t])])  # not computed yet, or too short to decide
             fresh.append(chain)
         chains.append(chain)
-    extend(context, fresh, lambda chain: decide_tokens(chain.tokens, chain.probs) is None)
+    extend(context, fresh, lambda chain: decide_tokens(chain.tokens, chain.probs) is None, next_token)
     merged: dict[str, Word] = {}
     for chain in chains:
         found = first_decision(chain, decide_tokens)
