@@ -13,8 +13,8 @@ import pytest
 from conftest import REPO
 from test_android_core import classes, java  # noqa: F401  (classes: the compiled Java core, a fixture)
 from test_demo import DemoServer, default_export  # noqa: F401  (default_export: a fixture)
-from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, is_word_char,
-                                      keyboard_metrics, read_word, suggest_words, trailing_word)
+from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, healed_start,
+                                      is_word_char, keyboard_metrics, read_word, suggest_words, trailing_word)
 from hrm_edge.train.tokenizer import load_tokenizer
 
 TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
@@ -24,7 +24,8 @@ LONG = ("import os\nimport sys\n\n\ndef main(argv=None):\n    parser = make_pars
         "    for name in sorted(args.names):\n        print(name, os.path.getsize(name))\n    return 0\n")
 # (text before typing, typed one character at a time): each keystroke is one suggestion call on one cache
 SESSIONS = [("import o", "s.pa"), ("import os\ndef ", "get_na"), ("class Foo(", "obj"), ("x = 1\n", "ret"),
-            ("", "for i in ra"), ("print(", "self.v"), (LONG, "    re"), ("a = [1, 2]\n# ", "café é")]
+            ("", "for i in ra"), ("print(", "self.v"), (LONG, "    re"), ("a = [1, 2]\n# ", "café é"),
+            ("from .", "astutils import valid_sym"), ("x = 1\nfr", "obnicate_xq")]  # partial words of 2+ tokens
 
 
 def mix(x):
@@ -161,6 +162,22 @@ def test_batched_steps_and_reused_chains(tokenizer, allowed):
     assert model.calls == [] and again.words == first.words  # same context: cache and chains reused
     # the same chains without reuse (a fresh context) give the same words
     assert suggest_words(TypedContext(model), tokenizer, "import os\ndef get").words == first.words
+
+
+def test_the_whole_partial_word_is_healed(tokenizer, allowed):
+    """Every token of the word being typed is taken back: the context ends before the word, and chains whose first
+    token is a proper prefix of the taken-back text spell the rest of it before their word can end."""
+    model = HashStepModel(allowed, tokenizer.get_vocab_size())
+    context, text = TypedContext(model), "x = 1\nfrobnicate_x"
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    assert len(ids) - healed_start(tokenizer, ids, "frobnicate_x") > 2  # the fixture's word spans 3+ tokens
+    words = suggest_words(context, tokenizer, text).words
+    assert model.calls[0] == (1, len(tokenizer.encode("x = 1\n", add_special_tokens=False).ids))
+    assert context.ids == tokenizer.encode("x = 1\n", add_special_tokens=False).ids
+    assert words and all(w.label.startswith("frobnicate_x") for w in words), words
+    spelled = [tokenizer.decode(c.tokens) for (_, rest), c in context.chains.items() if rest]  # shorter first token
+    assert spelled and all(d.startswith("frobnicate_x") or "frobnicate_x".startswith(d) for d in spelled), spelled
+    assert any(d.startswith("frobnicate_x") for d in spelled), spelled  # spelled the rest, then went on
 
 
 def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monkeypatch):
