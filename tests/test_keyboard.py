@@ -154,7 +154,8 @@ def test_batched_steps_and_reused_chains(tokenizer, allowed):
     first = suggest_words(context, tokenizer, "import os\ndef get")
     # one context run, then at most MAX_EXTRA_TOKENS one-token steps with every open chain in the batch
     assert model.calls[0] == (1, len(tokenizer.encode("import os\ndef", add_special_tokens=False).ids))
-    assert 1 <= len(model.calls) - 1 <= MAX_EXTRA_TOKENS
+    # (a first token shorter than " get" spends steps spelling the rest before its MAX_EXTRA_TOKENS)
+    assert 1 <= len(model.calls) - 1 <= MAX_EXTRA_TOKENS + len(" get") - 1
     assert all(s == 1 and b <= CANDIDATES for b, s in model.calls[1:])
     assert [b for b, _ in model.calls[1:]] == sorted(b for b, _ in model.calls[1:])[::-1]  # finished chains leave
     model.calls.clear()
@@ -168,16 +169,16 @@ def test_the_whole_partial_word_is_healed(tokenizer, allowed):
     """Every token of the word being typed is taken back: the context ends before the word, and chains whose first
     token is a proper prefix of the taken-back text spell the rest of it before their word can end."""
     model = HashStepModel(allowed, tokenizer.get_vocab_size())
-    context, text = TypedContext(model), "x = 1\nfrobnicate_x"
+    context, text = TypedContext(model), "x = 1\nfrob"
     ids = tokenizer.encode(text, add_special_tokens=False).ids
-    assert len(ids) - healed_start(tokenizer, ids, "frobnicate_x") > 2  # the fixture's word spans 3+ tokens
+    assert len(ids) - healed_start(tokenizer, ids, "frob") > 2  # the fixture's word spans 3+ tokens
     words = suggest_words(context, tokenizer, text).words
     assert model.calls[0] == (1, len(tokenizer.encode("x = 1\n", add_special_tokens=False).ids))
     assert context.ids == tokenizer.encode("x = 1\n", add_special_tokens=False).ids
-    assert words and all(w.label.startswith("frobnicate_x") for w in words), words
+    assert words and all(w.label.startswith("frob") for w in words), words
     spelled = [tokenizer.decode(c.tokens) for (_, rest), c in context.chains.items() if rest]  # shorter first token
-    assert spelled and all(d.startswith("frobnicate_x") or "frobnicate_x".startswith(d) for d in spelled), spelled
-    assert any(d.startswith("frobnicate_x") for d in spelled), spelled  # spelled the rest, then went on
+    assert spelled and all(d.startswith("frob") or "frob".startswith(d) for d in spelled), spelled
+    assert any(d.startswith("frob") for d in spelled), spelled  # spelled the rest, then went on
 
 
 def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monkeypatch):

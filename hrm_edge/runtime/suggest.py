@@ -205,13 +205,13 @@ def first_decision(chain: Chain, decide_tokens):
 
 def extend(context: TypedContext, chains: list[Chain], still_open, next_token) -> None:
     """Grow every chain whose word is still open by greedy tokens (next_token(chain, logits [V]) -> id), all of
-    them as one batch per decode step, until each has ended (still_open false) or has MAX_EXTRA_TOKENS more."""
+    them as one batch per decode step, until each has ended or is out of budget (still_open false)."""
     rows = [i for i in range(len(chains)) if still_open(chains[i])]  # the chain of each batch row
     if not rows:
         return
     past_k = np.repeat(context.past_k, len(rows), axis=1)  # [T, B, H, P, hd]
     past_v = np.repeat(context.past_v, len(rows), axis=1)
-    for step in range(MAX_EXTRA_TOKENS):
+    while True:
         tokens = np.array([[chains[i].tokens[-1]] for i in rows], np.int64)  # [B, 1]
         logits, past_k, past_v = context.model.run(tokens, past_k, past_v)
         for b, i in enumerate(rows):
@@ -220,7 +220,7 @@ def extend(context: TypedContext, chains: list[Chain], still_open, next_token) -
             chains[i].tokens.append(t)
             chains[i].probs.append(float(1.0 / np.exp(row - row[t]).sum()))
         keep = [b for b, i in enumerate(rows) if still_open(chains[i])]
-        if not keep or step == MAX_EXTRA_TOKENS - 1:
+        if not keep:
             return
         if len(keep) < len(rows):
             past_k, past_v = np.ascontiguousarray(past_k[:, keep]), np.ascontiguousarray(past_v[:, keep])
@@ -260,7 +260,12 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
             chain = context.chains[key] = Chain([t], [float(p[t])])  # not computed yet, or too short to decide
             fresh.append(chain)
         chains.append(chain)
-    extend(context, fresh, lambda chain: decide_tokens(chain.tokens, chain.probs) is None, next_token)
+    def still_open(chain):  # MAX_EXTRA_TOKENS after the token that completes the taken-back text
+        spelling = next(k for k in range(1, len(chain.tokens) + 1)
+                        if k == len(chain.tokens) or len(tokenizer.decode(chain.tokens[:k])) >= len(prefix))
+        return len(chain.tokens) - spelling < MAX_EXTRA_TOKENS and decide_tokens(chain.tokens, chain.probs) is None
+
+    extend(context, fresh, still_open, next_token)
     merged: dict[str, Word] = {}
     for chain in chains:
         found = first_decision(chain, decide_tokens)

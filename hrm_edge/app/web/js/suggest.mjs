@@ -158,14 +158,14 @@ function firstDecision(chain, decideTokens) {
 }
 
 // Grow every chain whose word is still open by greedy tokens (nextToken(chain, logits) -> id), all of them as
-// one batch per decode step (the context's past tiled along the batch axis), until each has ended or has
-// MAX_EXTRA_TOKENS more tokens.
+// one batch per decode step (the context's past tiled along the batch axis), until each has ended or is out of
+// budget (stillOpen false).
 async function extend(context, chains, stillOpen, nextToken) {
   const model = context.model;
   let rows = chains.map((_, i) => i).filter((i) => stillOpen(chains[i])); // the chain of each batch row
   if (rows.length === 0) return;
   let past = model.pastRows(context.past, rows.map(() => 0));
-  for (let step = 0; step < MAX_EXTRA_TOKENS; step++) {
+  for (;;) {
     const out = await model.run(rows.map((i) => chains[i].tokens[chains[i].tokens.length - 1]), past, rows.length);
     rows.forEach((i, b) => {
       const logits = row(out.logits, out.vocab, b);
@@ -175,7 +175,7 @@ async function extend(context, chains, stillOpen, nextToken) {
     });
     const keep = [];
     rows.forEach((i, b) => { if (stillOpen(chains[i])) keep.push(b); });
-    if (keep.length === 0 || step === MAX_EXTRA_TOKENS - 1) return;
+    if (keep.length === 0) return;
     past = keep.length < rows.length ? model.pastRows(out.past, keep) : out.past;
     rows = keep.map((b) => rows[b]);
   }
@@ -211,7 +211,12 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
     }
     chains.push(chain);
   }
-  await extend(context, fresh, (chain) => decideTokens(chain.tokens, chain.probs) === null, nextToken);
+  const stillOpen = (chain) => { // MAX_EXTRA_TOKENS after the token that completes the taken-back text
+    let spelling = 1;
+    while (spelling < chain.tokens.length && tokenizer.decode(chain.tokens.slice(0, spelling)).length < prefix.length) spelling++;
+    return chain.tokens.length - spelling < MAX_EXTRA_TOKENS && decideTokens(chain.tokens, chain.probs) === null;
+  };
+  await extend(context, fresh, stillOpen, nextToken);
   const merged = new Map();
   for (const chain of chains) {
     const found = firstDecision(chain, decideTokens);

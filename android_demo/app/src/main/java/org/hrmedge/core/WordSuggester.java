@@ -140,13 +140,18 @@ public final class WordSuggester {
     }
 
     /** Grow the chain by greedy tokens (its first token at position `position`) until its word has ended or it
-     *  has MAX_EXTRA_TOKENS more tokens; while the taken-back text is unspelled, only tokens that fit it. */
+     *  has MAX_EXTRA_TOKENS more tokens after the one that completes the taken-back text; while that text is
+     *  unspelled, only tokens that fit it. */
     private void extend(Chain chain, int position, String prefix, boolean midWord) {
-        for (int step = 0; step < MAX_EXTRA_TOKENS && decide(chain, chain.tokens.size(), prefix, midWord) == null; step++) {
-            float[] logits = model.forward(new int[] {chain.tokens.get(chain.tokens.size() - 1)}, position + step);
+        int spelling = 1; // tokens up to the one that completes prefix
+        while (decide(chain, chain.tokens.size(), prefix, midWord) == null) {
             int[] ids = new int[chain.tokens.size()];
             for (int i = 0; i < ids.length; i++) ids[i] = chain.tokens.get(i);
-            int spelled = tokenizer.decode(ids).length(), t = argmax(logits);
+            int spelled = tokenizer.decode(ids).length();
+            if (spelled < prefix.length()) spelling = ids.length + 1;
+            if (ids.length - spelling >= MAX_EXTRA_TOKENS) return;
+            float[] logits = model.forward(new int[] {ids[ids.length - 1]}, position + ids.length - 1);
+            int t = argmax(logits);
             if (spelled < prefix.length()) {
                 List<Integer> fit = firstTokens(logits, tokenText, prefix.substring(spelled), 1);
                 if (!fit.isEmpty()) t = fit.get(0);
