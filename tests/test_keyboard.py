@@ -165,20 +165,21 @@ def test_batched_steps_and_reused_chains(tokenizer, allowed):
     assert suggest_words(TypedContext(model), tokenizer, "import os\ndef get").words == first.words
 
 
-def test_the_whole_partial_word_is_healed(tokenizer, allowed):
-    """Every token of the word being typed is taken back: the context ends before the word, and chains whose first
-    token is a proper prefix of the taken-back text spell the rest of it before their word can end."""
+def test_a_partial_word_of_several_tokens_is_healed(tokenizer, allowed):
+    """Token healing takes back tokens until it holds HEAL_CHARS characters of the word being typed; first tokens
+    that are a proper prefix of the taken-back text (when fewer than CANDIDATES start with it) spell the rest."""
     model = HashStepModel(allowed, tokenizer.get_vocab_size())
     context, text = TypedContext(model), "x = 1\nfrob"
-    ids = tokenizer.encode(text, add_special_tokens=False).ids
-    assert len(ids) - healed_start(tokenizer, ids, "frob") > 2  # the fixture's word spans 3+ tokens
+    ids = tokenizer.encode(text, add_special_tokens=False).ids  # ... "\n" "f" "ro" "b"
+    cut = healed_start(tokenizer, ids, "frob")
+    assert cut == len(ids) - 2 and tokenizer.decode(ids[cut:]) == "rob"  # "b" alone holds 1 character
     words = suggest_words(context, tokenizer, text).words
-    assert model.calls[0] == (1, len(tokenizer.encode("x = 1\n", add_special_tokens=False).ids))
-    assert context.ids == tokenizer.encode("x = 1\n", add_special_tokens=False).ids
+    assert model.calls[0] == (1, cut) and context.ids == ids[:cut]
     assert words and all(w.label.startswith("frob") for w in words), words
     spelled = [tokenizer.decode(c.tokens) for (_, rest), c in context.chains.items() if rest]  # shorter first token
-    assert spelled and all(d.startswith("frob") or "frob".startswith(d) for d in spelled), spelled
-    assert any(d.startswith("frob") for d in spelled), spelled  # spelled the rest, then went on
+    assert spelled and all(d.startswith("rob") or "rob".startswith(d) for d in spelled), spelled
+    assert any(d.startswith("rob") for d in spelled), spelled  # spelled the rest, then went on
+    assert healed_start(tokenizer, tokenizer.encode("x = 1\nfr", add_special_tokens=False).ids, "fr") == cut - 1
 
 
 def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monkeypatch):

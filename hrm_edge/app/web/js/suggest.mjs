@@ -15,6 +15,7 @@ import { row } from "./model.mjs";
 export const CANDIDATES = 4; // first tokens tried (4, 6 and 8: the same top-3 accuracy on held-out code)
 export const MAX_EXTRA_TOKENS = 4; // greedy decode steps after the first token
 export const CONTEXT_TOKENS = 128; // the most context a suggestion reads (as accurate as 256, half the cost)
+export const HEAL_CHARS = 2; // token healing takes back tokens until it holds this many characters of the word
 const SPACES = " \t\n\r\f\v";
 const WORD_CHAR = /^[\p{L}\p{N}_]/u;
 
@@ -104,29 +105,34 @@ function probability(logits, t) {
   return Math.exp(logits[t] - max) / sum;
 }
 
-// Token healing: the index of the first id taken back. The last id, and every earlier one that holds part of
-// the partial word (so the context ends before the word being typed); at least one id stays.
+// Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back text
+// holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is one the
+// model rarely saw); at least one id stays.
 export function healedStart(tokenizer, ids, partial) {
   let j = ids.length - 1;
-  while (j > 1 && tokenizer.decode(ids.slice(j)).length < partial.length) j--;
+  while (j > 1 && tokenizer.decode(ids.slice(j)).length < Math.min(partial.length, HEAL_CHARS)) j--;
   return j;
 }
 
-// A token that may come next while `prefix` is still to be spelled: it starts with prefix or is a proper prefix
-// of it (the following tokens then spell the rest).
-const fits = (tokenText, prefix) => !!tokenText && (tokenText.startsWith(prefix) || prefix.startsWith(tokenText));
+// Insert t into best (at most count ids, highest logit first; ties: the lower id, which comes first).
+function rank(best, t, logits, count) {
+  if (best.length === count && !(logits[t] > logits[best[best.length - 1]])) return;
+  let k = best.length === count ? best.length - 1 : best.length;
+  while (k > 0 && logits[t] > logits[best[k - 1]]) { best[k] = best[k - 1]; k--; }
+  best[k] = t;
+}
 
-// The `count` highest-logit tokens that fit `prefix` (and are not empty); ties: lower id.
+// The `count` highest-logit tokens whose text starts with `prefix`; in the slots left, the highest-logit tokens
+// whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id.
 function firstTokens(logits, texts, prefix, count = CANDIDATES) {
-  const best = [];
+  const covering = [], shorter = [];
   for (let t = 0; t < logits.length; t++) {
-    if (best.length === count && !(logits[t] > logits[best[best.length - 1]])) continue;
-    if (!fits(texts[t], prefix)) continue;
-    let k = best.length === count ? best.length - 1 : best.length;
-    while (k > 0 && logits[t] > logits[best[k - 1]]) { best[k] = best[k - 1]; k--; }
-    best[k] = t;
+    const text = texts[t];
+    if (!text) continue;
+    if (text.startsWith(prefix)) rank(covering, t, logits, count);
+    else if (prefix.startsWith(text)) rank(shorter, t, logits, count);
   }
-  return best;
+  return covering.concat(shorter).slice(0, count);
 }
 
 // null while the word of a chain's tokens is open, "" if no word comes out (dead), else

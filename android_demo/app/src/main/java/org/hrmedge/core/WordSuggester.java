@@ -67,6 +67,8 @@ public final class WordSuggester {
     static final int CANDIDATES = 4, MAX_EXTRA_TOKENS = 4;
     /** The most context a suggestion reads: as accurate as 256 tokens on held-out code, at half the cost. */
     static final int CONTEXT_TOKENS = 128;
+    /** Token healing takes back tokens until it holds this many characters of the partial word. */
+    static final int HEAL_CHARS = 2;
     private static final String SPACES = " \t\n\r\f\013"; // \013: vertical tab
 
     private final StepModel model;
@@ -131,11 +133,12 @@ public final class WordSuggester {
         return cachedLogits;
     }
 
-    /** Token healing: the index of the first id taken back. The last id, and every earlier one that holds part
-     *  of the partial word (so the context ends before the word being typed); at least one id stays. */
+    /** Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back
+     *  text holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is
+     *  one the model rarely saw); at least one id stays. */
     private int healedStart(int[] ids, String partial) {
-        int j = ids.length - 1;
-        while (j > 1 && tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length)).length() < partial.length()) j--;
+        int j = ids.length - 1, chars = Math.min(partial.length(), HEAL_CHARS);
+        while (j > 1 && tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length)).length() < chars) j--;
         return j;
     }
 
@@ -241,24 +244,26 @@ public final class WordSuggester {
         return null;
     }
 
-    /** A token that may come next while prefix is still to be spelled: it starts with prefix or is a proper
-     *  prefix of it (the following tokens then spell the rest). */
-    private static boolean fits(String tokenText, String prefix) {
-        return !tokenText.isEmpty() && (tokenText.startsWith(prefix) || prefix.startsWith(tokenText));
+    /** The count highest-logit tokens whose text starts with prefix; in the slots left, the highest-logit tokens
+     *  whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id. */
+    private static List<Integer> firstTokens(float[] logits, String[] texts, String prefix, int count) {
+        List<Integer> covering = new ArrayList<>(), shorter = new ArrayList<>();
+        for (int t = 0; t < logits.length; t++) {
+            if (texts[t].isEmpty()) continue;
+            if (texts[t].startsWith(prefix)) rank(covering, t, logits, count);
+            else if (prefix.startsWith(texts[t])) rank(shorter, t, logits, count);
+        }
+        covering.addAll(shorter);
+        return covering.subList(0, Math.min(count, covering.size()));
     }
 
-    /** The count highest-logit tokens that fit prefix (and are not empty); ties: lower id. */
-    private static List<Integer> firstTokens(float[] logits, String[] texts, String prefix, int count) {
-        List<Integer> best = new ArrayList<>();
-        for (int t = 0; t < logits.length; t++) {
-            if (best.size() == count && !(logits[t] > logits[best.get(count - 1)])) continue;
-            if (!fits(texts[t], prefix)) continue;
-            if (best.size() == count) best.remove(count - 1);
-            int k = best.size();
-            while (k > 0 && logits[t] > logits[best.get(k - 1)]) k--;
-            best.add(k, t);
-        }
-        return best;
+    /** Insert t into best (at most count ids, highest logit first; ties: the lower id, which comes first). */
+    private static void rank(List<Integer> best, int t, float[] logits, int count) {
+        if (best.size() == count && !(logits[t] > logits[best.get(count - 1)])) return;
+        if (best.size() == count) best.remove(count - 1);
+        int k = best.size();
+        while (k > 0 && logits[t] > logits[best.get(k - 1)]) k--;
+        best.add(k, t);
     }
 
     /** First maximum on ties, like numpy's argmax. */
