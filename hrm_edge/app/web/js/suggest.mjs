@@ -126,9 +126,10 @@ function rank(best, t, logits, count) {
 // whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id.
 function firstTokens(logits, texts, prefix, count = CANDIDATES) {
   const covering = [], shorter = [];
+  const room = (best, t) => best.length < count || logits[t] > logits[best[count - 1]];
   for (let t = 0; t < logits.length; t++) {
     const text = texts[t];
-    if (!text) continue;
+    if (!text || !(room(covering, t) || room(shorter, t))) continue; // the string tests only for a possible rank
     if (text.startsWith(prefix)) rank(covering, t, logits, count);
     else if (prefix.startsWith(text)) rank(shorter, t, logits, count);
   }

@@ -249,7 +249,7 @@ public final class WordSuggester {
     private static List<Integer> firstTokens(float[] logits, String[] texts, String prefix, int count) {
         List<Integer> covering = new ArrayList<>(), shorter = new ArrayList<>();
         for (int t = 0; t < logits.length; t++) {
-            if (texts[t].isEmpty()) continue;
+            if (texts[t].isEmpty() || !(room(covering, t, logits, count) || room(shorter, t, logits, count))) continue;
             if (texts[t].startsWith(prefix)) rank(covering, t, logits, count);
             else if (prefix.startsWith(texts[t])) rank(shorter, t, logits, count);
         }
@@ -257,9 +257,14 @@ public final class WordSuggester {
         return covering.subList(0, Math.min(count, covering.size()));
     }
 
+    /** Whether t would rank among best (the string tests only run for such a token). */
+    private static boolean room(List<Integer> best, int t, float[] logits, int count) {
+        return best.size() < count || logits[t] > logits[best.get(count - 1)];
+    }
+
     /** Insert t into best (at most count ids, highest logit first; ties: the lower id, which comes first). */
     private static void rank(List<Integer> best, int t, float[] logits, int count) {
-        if (best.size() == count && !(logits[t] > logits[best.get(count - 1)])) return;
+        if (!room(best, t, logits, count)) return;
         if (best.size() == count) best.remove(count - 1);
         int k = best.size();
         while (k > 0 && logits[t] > logits[best.get(k - 1)]) k--;
