@@ -246,8 +246,8 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
     if not ids:
         return Suggestions([], 0.0)
     partial = trailing_word(text)
-    # token healing: the tokens of the partial word (at least the last one) are taken back; the chains spell
-    # their text again
+    # token healing: the last token, and earlier ones until HEAL_CHARS characters of the partial word, are
+    # taken back; the chains spell their text again
     cut = healed_start(tokenizer, ids, partial) if len(ids) > 1 else len(ids)
     logits = context.update(ids[:cut])
     texts = context.token_texts(tokenizer, len(logits))
@@ -272,6 +272,7 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
             chain = context.chains[key] = Chain([t], [float(p[t])])  # not computed yet, or too short to decide
             fresh.append(chain)
         chains.append(chain)
+
     def still_open(chain):  # MAX_EXTRA_TOKENS after the token that completes the taken-back text
         spelling = next(k for k in range(1, len(chain.tokens) + 1)
                         if k == len(chain.tokens) or len(tokenizer.decode(chain.tokens[:k])) >= len(prefix))

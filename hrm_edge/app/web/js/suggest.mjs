@@ -2,13 +2,15 @@
 // algorithm; hrm_edge/runtime/suggest.py (Python) and WordSuggester.java (Android core) implement the same, and
 // tests/test_keyboard.py checks the three give identical words.
 //
-// In short: the tokens of the word being typed (at least the last token) are taken back (token healing); the
-// CANDIDATES most likely first tokens that fit their text are each extended greedily (spelling it first), all
-// of them as one batch per decode step, until the word they spell has ended (a non-word character follows it);
-// a word still open after MAX_EXTRA_TOKENS is dropped, so the bar only shows whole words. Word probability: the product of its tokens' probabilities, summed over
-// the chains that spell the same insert. Mid-word ("imp") the chip is the completed word ("import").
+// In short: the last token, and earlier ones until HEAL_CHARS characters of the word being typed, are taken
+// back (token healing); the CANDIDATES most likely first tokens that fit their text are each extended greedily
+// (spelling the rest of it first), all of them as one batch per decode step, until the word they spell has ended
+// (a non-word character follows it); a word still open after MAX_EXTRA_TOKENS is dropped, so the bar only shows
+// whole words. Word probability: the product of its tokens' probabilities, summed over the chains that spell
+// the same insert. Mid-word ("imp") the chip is the completed word ("import").
 // Cost per keystroke: the changed tokens of the text (the cache of the unchanged prefix is reused) + at most
-// MAX_EXTRA_TOKENS batched one-token decode steps; chains already computed for the same context are reused.
+// MAX_EXTRA_TOKENS batched one-token decode steps (more while a chain spells the taken-back text); chains already
+// computed for the same context are reused.
 import { argmax } from "./generate.mjs";
 import { row } from "./model.mjs";
 
@@ -195,8 +197,8 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   const ids = contextWindow(tokenizer.encode(text), context.model.maxSeqLen);
   if (ids.length === 0) return { words: [], ms: 0 };
   const partial = trailingWord(text);
-  // token healing: the tokens of the partial word (at least the last one) are taken back; the chains spell
-  // their text again
+  // token healing: the last token, and earlier ones until HEAL_CHARS characters of the partial word, are
+  // taken back; the chains spell their text again
   const cut = ids.length > 1 ? healedStart(tokenizer, ids, partial) : ids.length;
   const logits = await context.update(ids.slice(0, cut));
   const texts = context.tokenTexts(tokenizer, logits.length);
@@ -209,7 +211,7 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   };
   const chains = [], fresh = [];
   for (const t of firstTokens(logits, texts, prefix)) {
-    const key = `${t} ${prefix.slice(texts[t].length)}`; // a chain depends on its first token and the text it must spell
+    const key = `${t} ${prefix.slice(texts[t].length)}`; // a chain depends on its first token and what it must spell
     let chain = context.chains.get(key);
     if (!chain || (firstDecision(chain, decideTokens) === null && chain.tokens.length <= MAX_EXTRA_TOKENS)) {
       chain = { tokens: [t], probs: [probability(logits, t)] }; // not computed yet, or too short to decide
@@ -220,7 +222,8 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   }
   const stillOpen = (chain) => { // MAX_EXTRA_TOKENS after the token that completes the taken-back text
     let spelling = 1;
-    while (spelling < chain.tokens.length && tokenizer.decode(chain.tokens.slice(0, spelling)).length < prefix.length) spelling++;
+    const short = (k) => tokenizer.decode(chain.tokens.slice(0, k)).length < prefix.length;
+    while (spelling < chain.tokens.length && short(spelling)) spelling++;
     return chain.tokens.length - spelling < MAX_EXTRA_TOKENS && decideTokens(chain.tokens, chain.probs) === null;
   };
   await extend(context, fresh, stillOpen, nextToken);

@@ -10,10 +10,11 @@ import java.util.Map;
 /**
  * The most likely whole next words, by the algorithm of docs/keyboard.md, as the browser demo
  * (hrm_edge/app/web/js/suggest.mjs) and Python (hrm_edge/runtime/suggest.py) compute them; tests/test_keyboard.py
- * checks the three give identical words. The tokens of the word being typed (at least the last token) are taken
- * back (token healing); the {@link #CANDIDATES} most likely first tokens that fit their text are each extended
- * greedily (spelling it first) until the word they spell has ended (a non-word character follows it); a word
- * still open after {@link #MAX_EXTRA_TOKENS} is dropped. The page extends all chains as one batch per step; this StepModel runs one sequence at a time
+ * checks the three give identical words. The last token, and earlier ones until HEAL_CHARS characters of the
+ * word being typed, are taken back (token healing); the {@link #CANDIDATES} most likely first tokens that fit
+ * their text are each extended greedily (spelling the rest of it first) until the word they spell has ended (a
+ * non-word character follows it); a word still open after {@link #MAX_EXTRA_TOKENS} is dropped. The page extends
+ * all chains as one batch per step; this StepModel runs one sequence at a time
  * (chain after chain, each overwriting the cache rows after the context), which gives the same words.
  */
 public final class WordSuggester {
@@ -88,8 +89,8 @@ public final class WordSuggester {
         if (ids.length == 0) return new ArrayList<>();
         String partial = trailingWord(text);
         boolean midWord = !partial.isEmpty();
-        // token healing: the tokens of the partial word (at least the last one) are taken back; the chains spell
-        // their text again
+        // token healing: the last token, and earlier ones until HEAL_CHARS characters of the partial word, are
+        // taken back; the chains spell their text again
         int cut = ids.length > 1 ? healedStart(ids, partial) : ids.length;
         float[] logits = advance(Arrays.copyOf(ids, cut));
         String[] texts = tokenTexts(logits.length);
@@ -222,7 +223,7 @@ public final class WordSuggester {
         for (int i = 0; i < k; i++) ids[i] = chain.tokens.get(i);
         if (tokenText[ids[k - 1]].isEmpty()) return DEAD; // a special token (end of text): no word follows
         String text = tokenizer.decode(ids);
-        if (text.length() < prefix.length() && prefix.startsWith(text)) return null; // still spelling the taken-back text
+        if (text.length() < prefix.length() && prefix.startsWith(text)) return null; // still spelling the prefix
         if (!text.startsWith(prefix)) return DEAD;
         Decision read = readWord(text.substring(prefix.length()), midWord);
         if (read == null || read == DEAD) return read;
