@@ -13,8 +13,8 @@ import pytest
 from conftest import REPO
 from test_android_core import classes, java  # noqa: F401  (classes: the compiled Java core, a fixture)
 from test_demo import DemoServer, default_export  # noqa: F401  (default_export: a fixture)
-from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, is_word_char,
-                                      keyboard_metrics, read_word, suggest_words, trailing_word)
+from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, healed_start,
+                                      is_word_char, keyboard_metrics, read_word, suggest_words, trailing_word)
 from hrm_edge.train.tokenizer import load_tokenizer
 
 TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
@@ -24,7 +24,8 @@ LONG = ("import os\nimport sys\n\n\ndef main(argv=None):\n    parser = make_pars
         "    for name in sorted(args.names):\n        print(name, os.path.getsize(name))\n    return 0\n")
 # (text before typing, typed one character at a time): each keystroke is one suggestion call on one cache
 SESSIONS = [("import o", "s.pa"), ("import os\ndef ", "get_na"), ("class Foo(", "obj"), ("x = 1\n", "ret"),
-            ("", "for i in ra"), ("print(", "self.v"), (LONG, "    re"), ("a = [1, 2]\n# ", "café é")]
+            ("", "for i in ra"), ("print(", "self.v"), (LONG, "    re"), ("a = [1, 2]\n# ", "café é"),
+            ("from .", "astutils import valid_sym"), ("x = 1\nfr", "obnicate_xq")]  # partial words of 2+ tokens
 
 
 def mix(x):
@@ -153,7 +154,8 @@ def test_batched_steps_and_reused_chains(tokenizer, allowed):
     first = suggest_words(context, tokenizer, "import os\ndef get")
     # one context run, then at most MAX_EXTRA_TOKENS one-token steps with every open chain in the batch
     assert model.calls[0] == (1, len(tokenizer.encode("import os\ndef", add_special_tokens=False).ids))
-    assert 1 <= len(model.calls) - 1 <= MAX_EXTRA_TOKENS
+    # (a first token shorter than " get" spends steps spelling the rest before its MAX_EXTRA_TOKENS)
+    assert 1 <= len(model.calls) - 1 <= MAX_EXTRA_TOKENS + len(" get") - 1
     assert all(s == 1 and b <= CANDIDATES for b, s in model.calls[1:])
     assert [b for b, _ in model.calls[1:]] == sorted(b for b, _ in model.calls[1:])[::-1]  # finished chains leave
     model.calls.clear()
@@ -161,6 +163,23 @@ def test_batched_steps_and_reused_chains(tokenizer, allowed):
     assert model.calls == [] and again.words == first.words  # same context: cache and chains reused
     # the same chains without reuse (a fresh context) give the same words
     assert suggest_words(TypedContext(model), tokenizer, "import os\ndef get").words == first.words
+
+
+def test_a_partial_word_of_several_tokens_is_healed(tokenizer, allowed):
+    """Token healing takes back tokens until it holds HEAL_CHARS characters of the word being typed; first tokens
+    that are a proper prefix of the taken-back text (when fewer than CANDIDATES start with it) spell the rest."""
+    model = HashStepModel(allowed, tokenizer.get_vocab_size())
+    context, text = TypedContext(model), "x = 1\nfrob"
+    ids = tokenizer.encode(text, add_special_tokens=False).ids  # ... "\n" "f" "ro" "b"
+    cut = healed_start(tokenizer, ids, "frob")
+    assert cut == len(ids) - 2 and tokenizer.decode(ids[cut:]) == "rob"  # "b" alone holds 1 character
+    words = suggest_words(context, tokenizer, text).words
+    assert model.calls[0] == (1, cut) and context.ids == ids[:cut]
+    assert words and all(w.label.startswith("frob") for w in words), words
+    spelled = [tokenizer.decode(c.tokens) for (_, rest), c in context.chains.items() if rest]  # shorter first token
+    assert spelled and all(d.startswith("rob") or "rob".startswith(d) for d in spelled), spelled
+    assert any(d.startswith("rob") for d in spelled), spelled  # spelled the rest, then went on
+    assert healed_start(tokenizer, tokenizer.encode("x = 1\nfr", add_special_tokens=False).ids, "fr") == cut - 1
 
 
 def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monkeypatch):

@@ -24,6 +24,7 @@ from hrm_edge.runtime.decoders import ort_session
 CANDIDATES = 4  # first tokens tried: 4, 6 and 8 gave the same top-3 accuracy on held-out code (2026-12-01)
 MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must be seen to end within them
 CONTEXT_TOKENS = 128  # the most context a suggestion reads: as accurate as 256 on held-out code, at half the cost
+HEAL_CHARS = 2  # token healing takes back tokens until it holds this many characters of the partial word
 SPACES = " \t\n\r\f\v"
 
 
@@ -74,8 +75,8 @@ class TypedContext:
         self.ids: list[int] = []
         self.past_k, self.past_v = step_model.empty_past()
         self.logits = None  # [V] of the last position
-        self.chains: dict[int, Chain] = {}  # first token -> its chain, for self.ids
-        self._texts = (None, [])
+        self.chains: dict[tuple, Chain] = {}  # (first token, text still to spell) -> its chain, for self.ids
+        self._texts, self._by_first = (None, []), {}
 
     def update(self, ids: list[int]) -> np.ndarray:
         """Bring the cache to `ids`, reusing the longest common prefix; returns the last position's logits [V]."""
@@ -95,7 +96,15 @@ class TypedContext:
         """The decoded text of every token id < vocab ("" for special tokens), computed once per tokenizer."""
         if self._texts[0] is not tokenizer:
             self._texts = (tokenizer, tokenizer.decode_batch([[i] for i in range(vocab)]))
+            self._by_first = {}  # first character -> the ids whose text starts with it, ascending
+            for i, text in enumerate(self._texts[1]):
+                self._by_first.setdefault(text[:1], []).append(i)
+            self._by_first = {c: np.array(ids) for c, ids in self._by_first.items()}
         return self._texts[1]
+
+    def tokens_starting(self, prefix: str) -> np.ndarray | None:
+        """The ids that may fit `prefix` (those whose text starts with its first character); None: all."""
+        return self._by_first.get(prefix[:1], np.zeros(0, np.int64)) if prefix else None
 
 
 def is_word_char(ch: str) -> bool:
@@ -145,15 +154,32 @@ def softmax64(logits: np.ndarray) -> np.ndarray:
     return z / z.sum()
 
 
-def first_tokens(logits: np.ndarray, texts: list[str], prefix: str) -> list[int]:
-    """The CANDIDATES highest-logit tokens whose text starts with `prefix` (and is not empty); ties: lower id."""
-    out = []
-    for t in np.argsort(-logits, kind="stable"):
-        if texts[t] and texts[t].startswith(prefix):
-            out.append(int(t))
-            if len(out) == CANDIDATES:
+def healed_start(tokenizer, ids: list[int], partial: str) -> int:
+    """Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back
+    text holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is one
+    the model rarely saw); at least one id stays."""
+    j = len(ids) - 1
+    while j > 1 and len(tokenizer.decode(ids[j:])) < min(len(partial), HEAL_CHARS):
+        j -= 1
+    return j
+
+
+def first_tokens(logits: np.ndarray, texts: list[str], prefix: str, count: int = CANDIDATES,
+                 pool: np.ndarray | None = None) -> list[int]:
+    """The `count` highest-logit tokens whose text starts with `prefix`; in the slots left, the highest-logit
+    tokens whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower
+    id. pool: the ascending ids to look at (all if None), a speed-up only."""
+    covering, shorter = [], []
+    order = np.argsort(-logits, kind="stable") if pool is None else pool[np.argsort(-logits[pool], kind="stable")]
+    for t in order:
+        text = texts[t]
+        if text and text.startswith(prefix):
+            covering.append(int(t))
+            if len(covering) == count:
                 break
-    return out
+        elif text and len(shorter) < count and prefix.startswith(text):
+            shorter.append(int(t))
+    return (covering + shorter)[:count]
 
 
 def decide(tokens: list[int], probs: list[float], tokenizer, texts: list[str], prefix: str, mid_word: bool):
@@ -162,6 +188,8 @@ def decide(tokens: list[int], probs: list[float], tokenizer, texts: list[str], p
     if not texts[tokens[-1]]:
         return ""  # a special token (end of text): no word follows
     text = tokenizer.decode(tokens)
+    if len(text) < len(prefix) and prefix.startswith(text):
+        return None  # still spelling the taken-back text
     if not text.startswith(prefix):
         return ""
     read = read_word(text[len(prefix):], mid_word)
@@ -186,24 +214,24 @@ def first_decision(chain: Chain, decide_tokens):
     return None
 
 
-def extend(context: TypedContext, chains: list[Chain], still_open) -> None:
-    """Grow every chain whose word is still open by greedy tokens, all of them as one batch per decode step,
-    until each has ended (still_open false) or has MAX_EXTRA_TOKENS more tokens."""
+def extend(context: TypedContext, chains: list[Chain], still_open, next_token) -> None:
+    """Grow every chain whose word is still open by greedy tokens (next_token(chain, logits [V]) -> id), all of
+    them as one batch per decode step, until each has ended or is out of budget (still_open false)."""
     rows = [i for i in range(len(chains)) if still_open(chains[i])]  # the chain of each batch row
     if not rows:
         return
     past_k = np.repeat(context.past_k, len(rows), axis=1)  # [T, B, H, P, hd]
     past_v = np.repeat(context.past_v, len(rows), axis=1)
-    for step in range(MAX_EXTRA_TOKENS):
+    while True:
         tokens = np.array([[chains[i].tokens[-1]] for i in rows], np.int64)  # [B, 1]
         logits, past_k, past_v = context.model.run(tokens, past_k, past_v)
         for b, i in enumerate(rows):
             row = logits[b, 0].astype(np.float64)
-            t = int(np.argmax(row))
+            t = next_token(chains[i], row)
             chains[i].tokens.append(t)
             chains[i].probs.append(float(1.0 / np.exp(row - row[t]).sum()))
         keep = [b for b, i in enumerate(rows) if still_open(chains[i])]
-        if not keep or step == MAX_EXTRA_TOKENS - 1:
+        if not keep:
             return
         if len(keep) < len(rows):
             past_k, past_v = np.ascontiguousarray(past_k[:, keep]), np.ascontiguousarray(past_v[:, keep])
@@ -217,24 +245,40 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
     ids = context_window(tokenizer.encode(text, add_special_tokens=False).ids, context.model.max_seq_len)
     if not ids:
         return Suggestions([], 0.0)
-    # token healing: the last token is taken back; the first token must start with its text
-    logits = context.update(ids[:-1] if len(ids) > 1 else ids)
-    texts = context.token_texts(tokenizer, len(logits))
-    prefix = texts[ids[-1]] if len(ids) > 1 else ""
     partial = trailing_word(text)
+    # token healing: the last token, and earlier ones until HEAL_CHARS characters of the partial word, are
+    # taken back; the chains spell their text again
+    cut = healed_start(tokenizer, ids, partial) if len(ids) > 1 else len(ids)
+    logits = context.update(ids[:cut])
+    texts = context.token_texts(tokenizer, len(logits))
+    prefix = tokenizer.decode(ids[cut:])
     p = softmax64(logits)
 
     def decide_tokens(tokens, probs):
         return decide(tokens, probs, tokenizer, texts, prefix, partial != "")
 
+    def next_token(chain, row):  # greedy, among the tokens that fit while the taken-back text is unspelled
+        spelled = tokenizer.decode(chain.tokens)
+        if len(spelled) >= len(prefix):
+            return int(np.argmax(row))
+        rest = prefix[len(spelled):]
+        return (first_tokens(row, texts, rest, 1, context.tokens_starting(rest)) or [int(np.argmax(row))])[0]
+
     chains, fresh = [], []
-    for t in first_tokens(logits, texts, prefix):
-        chain = context.chains.get(t)
+    for t in first_tokens(logits, texts, prefix, CANDIDATES, context.tokens_starting(prefix)):
+        key = (t, prefix[len(texts[t]):])  # a chain depends on its first token and the text it must spell
+        chain = context.chains.get(key)
         if chain is None or (first_decision(chain, decide_tokens) is None and len(chain.tokens) <= MAX_EXTRA_TOKENS):
-            chain = context.chains[t] = Chain([t], [float(p[t])])  # not computed yet, or too short to decide
+            chain = context.chains[key] = Chain([t], [float(p[t])])  # not computed yet, or too short to decide
             fresh.append(chain)
         chains.append(chain)
-    extend(context, fresh, lambda chain: decide_tokens(chain.tokens, chain.probs) is None)
+
+    def still_open(chain):  # MAX_EXTRA_TOKENS after the token that completes the taken-back text
+        spelling = next(k for k in range(1, len(chain.tokens) + 1)
+                        if k == len(chain.tokens) or len(tokenizer.decode(chain.tokens[:k])) >= len(prefix))
+        return len(chain.tokens) - spelling < MAX_EXTRA_TOKENS and decide_tokens(chain.tokens, chain.probs) is None
+
+    extend(context, fresh, still_open, next_token)
     merged: dict[str, Word] = {}
     for chain in chains:
         found = first_decision(chain, decide_tokens)

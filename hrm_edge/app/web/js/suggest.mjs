@@ -2,19 +2,22 @@
 // algorithm; hrm_edge/runtime/suggest.py (Python) and WordSuggester.java (Android core) implement the same, and
 // tests/test_keyboard.py checks the three give identical words.
 //
-// In short: the text's last token is taken back (token healing); the CANDIDATES most likely first tokens that
-// start with its text are each extended greedily, all of them as one batch per decode step, until the word
-// they spell has ended (a non-word character follows it); a word still open after MAX_EXTRA_TOKENS is dropped,
-// so the bar only shows whole words. Word probability: the product of its tokens' probabilities, summed over
-// the chains that spell the same insert. Mid-word ("imp") the chip is the completed word ("import").
+// In short: the last token, and earlier ones until HEAL_CHARS characters of the word being typed, are taken
+// back (token healing); the CANDIDATES most likely first tokens that fit their text are each extended greedily
+// (spelling the rest of it first), all of them as one batch per decode step, until the word they spell has ended
+// (a non-word character follows it); a word still open after MAX_EXTRA_TOKENS is dropped, so the bar only shows
+// whole words. Word probability: the product of its tokens' probabilities, summed over the chains that spell
+// the same insert. Mid-word ("imp") the chip is the completed word ("import").
 // Cost per keystroke: the changed tokens of the text (the cache of the unchanged prefix is reused) + at most
-// MAX_EXTRA_TOKENS batched one-token decode steps; chains already computed for the same context are reused.
+// MAX_EXTRA_TOKENS batched one-token decode steps (more while a chain spells the taken-back text); chains already
+// computed for the same context are reused.
 import { argmax } from "./generate.mjs";
 import { row } from "./model.mjs";
 
 export const CANDIDATES = 4; // first tokens tried (4, 6 and 8: the same top-3 accuracy on held-out code)
 export const MAX_EXTRA_TOKENS = 4; // greedy decode steps after the first token
 export const CONTEXT_TOKENS = 128; // the most context a suggestion reads (as accurate as 256, half the cost)
+export const HEAL_CHARS = 2; // token healing takes back tokens until it holds this many characters of the word
 const SPACES = " \t\n\r\f\v";
 const WORD_CHAR = /^[\p{L}\p{N}_]/u;
 
@@ -26,7 +29,7 @@ export class TypedContext {
     this.ids = [];
     this.past = model.emptyPast();
     this.logits = null; // of the last position
-    this.chains = new Map(); // first token -> {tokens, probs}, for this.ids
+    this.chains = new Map(); // "firstToken textStillToSpell" -> {tokens, probs}, for this.ids
     this.texts = null; // [tokenizer, text of every token id]
   }
 
@@ -104,17 +107,35 @@ function probability(logits, t) {
   return Math.exp(logits[t] - max) / sum;
 }
 
-// The CANDIDATES highest-logit tokens whose text starts with `prefix` (and is not empty); ties: lower id.
-function firstTokens(logits, texts, prefix) {
-  const best = [];
+// Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back text
+// holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is one the
+// model rarely saw); at least one id stays.
+export function healedStart(tokenizer, ids, partial) {
+  let j = ids.length - 1;
+  while (j > 1 && tokenizer.decode(ids.slice(j)).length < Math.min(partial.length, HEAL_CHARS)) j--;
+  return j;
+}
+
+// Insert t into best (at most count ids, highest logit first; ties: the lower id, which comes first).
+function rank(best, t, logits, count) {
+  if (best.length === count && !(logits[t] > logits[best[best.length - 1]])) return;
+  let k = best.length === count ? best.length - 1 : best.length;
+  while (k > 0 && logits[t] > logits[best[k - 1]]) { best[k] = best[k - 1]; k--; }
+  best[k] = t;
+}
+
+// The `count` highest-logit tokens whose text starts with `prefix`; in the slots left, the highest-logit tokens
+// whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id.
+function firstTokens(logits, texts, prefix, count = CANDIDATES) {
+  const covering = [], shorter = [];
+  const room = (best, t) => best.length < count || logits[t] > logits[best[count - 1]];
   for (let t = 0; t < logits.length; t++) {
-    if (!texts[t] || !texts[t].startsWith(prefix)) continue;
-    if (best.length === CANDIDATES && !(logits[t] > logits[best[best.length - 1]])) continue;
-    let k = best.length === CANDIDATES ? best.length - 1 : best.length;
-    while (k > 0 && logits[t] > logits[best[k - 1]]) { best[k] = best[k - 1]; k--; }
-    best[k] = t;
+    const text = texts[t];
+    if (!text || !(room(covering, t) || room(shorter, t))) continue; // the string tests only for a possible rank
+    if (text.startsWith(prefix)) rank(covering, t, logits, count);
+    else if (prefix.startsWith(text)) rank(shorter, t, logits, count);
   }
-  return best;
+  return covering.concat(shorter).slice(0, count);
 }
 
 // null while the word of a chain's tokens is open, "" if no word comes out (dead), else
@@ -122,6 +143,7 @@ function firstTokens(logits, texts, prefix) {
 function decide(tokens, probs, tokenizer, texts, prefix, midWord) {
   if (!texts[tokens[tokens.length - 1]]) return ""; // a special token (end of text): no word follows
   const text = tokenizer.decode(tokens);
+  if (text.length < prefix.length && prefix.startsWith(text)) return null; // still spelling the taken-back text
   if (!text.startsWith(prefix)) return "";
   const read = readWord(text.slice(prefix.length), midWord);
   if (!read) return read;
@@ -144,24 +166,25 @@ function firstDecision(chain, decideTokens) {
   return null;
 }
 
-// Grow every chain whose word is still open by greedy tokens, all of them as one batch per decode step (the
-// context's past tiled along the batch axis), until each has ended or has MAX_EXTRA_TOKENS more tokens.
-async function extend(context, chains, stillOpen) {
+// Grow every chain whose word is still open by greedy tokens (nextToken(chain, logits) -> id), all of them as
+// one batch per decode step (the context's past tiled along the batch axis), until each has ended or is out of
+// budget (stillOpen false).
+async function extend(context, chains, stillOpen, nextToken) {
   const model = context.model;
   let rows = chains.map((_, i) => i).filter((i) => stillOpen(chains[i])); // the chain of each batch row
   if (rows.length === 0) return;
   let past = model.pastRows(context.past, rows.map(() => 0));
-  for (let step = 0; step < MAX_EXTRA_TOKENS; step++) {
+  for (;;) {
     const out = await model.run(rows.map((i) => chains[i].tokens[chains[i].tokens.length - 1]), past, rows.length);
     rows.forEach((i, b) => {
       const logits = row(out.logits, out.vocab, b);
-      const t = argmax(logits);
+      const t = nextToken(chains[i], logits);
       chains[i].tokens.push(t);
       chains[i].probs.push(probability(logits, t));
     });
     const keep = [];
     rows.forEach((i, b) => { if (stillOpen(chains[i])) keep.push(b); });
-    if (keep.length === 0 || step === MAX_EXTRA_TOKENS - 1) return;
+    if (keep.length === 0) return;
     past = keep.length < rows.length ? model.pastRows(out.past, keep) : out.past;
     rows = keep.map((b) => rows[b]);
   }
@@ -173,24 +196,37 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   const t0 = performance.now();
   const ids = contextWindow(tokenizer.encode(text), context.model.maxSeqLen);
   if (ids.length === 0) return { words: [], ms: 0 };
-  // token healing: the last token is taken back; the first token must start with its text
-  const contextIds = ids.length > 1 ? ids.slice(0, -1) : ids;
-  const logits = await context.update(contextIds);
-  const texts = context.tokenTexts(tokenizer, logits.length);
-  const prefix = ids.length > 1 ? texts[ids[ids.length - 1]] : "";
   const partial = trailingWord(text);
+  // token healing: the last token, and earlier ones until HEAL_CHARS characters of the partial word, are
+  // taken back; the chains spell their text again
+  const cut = ids.length > 1 ? healedStart(tokenizer, ids, partial) : ids.length;
+  const logits = await context.update(ids.slice(0, cut));
+  const texts = context.tokenTexts(tokenizer, logits.length);
+  const prefix = cut < ids.length ? tokenizer.decode(ids.slice(cut)) : "";
   const decideTokens = (tokens, probs) => decide(tokens, probs, tokenizer, texts, prefix, partial !== "");
+  const nextToken = (chain, logits) => { // greedy, among the tokens that fit while the taken-back text is unspelled
+    const spelled = tokenizer.decode(chain.tokens);
+    if (spelled.length >= prefix.length) return argmax(logits);
+    return firstTokens(logits, texts, prefix.slice(spelled.length), 1)[0] ?? argmax(logits);
+  };
   const chains = [], fresh = [];
   for (const t of firstTokens(logits, texts, prefix)) {
-    let chain = context.chains.get(t);
+    const key = `${t} ${prefix.slice(texts[t].length)}`; // a chain depends on its first token and what it must spell
+    let chain = context.chains.get(key);
     if (!chain || (firstDecision(chain, decideTokens) === null && chain.tokens.length <= MAX_EXTRA_TOKENS)) {
       chain = { tokens: [t], probs: [probability(logits, t)] }; // not computed yet, or too short to decide
-      context.chains.set(t, chain);
+      context.chains.set(key, chain);
       fresh.push(chain);
     }
     chains.push(chain);
   }
-  await extend(context, fresh, (chain) => decideTokens(chain.tokens, chain.probs) === null);
+  const stillOpen = (chain) => { // MAX_EXTRA_TOKENS after the token that completes the taken-back text
+    let spelling = 1;
+    const short = (k) => tokenizer.decode(chain.tokens.slice(0, k)).length < prefix.length;
+    while (spelling < chain.tokens.length && short(spelling)) spelling++;
+    return chain.tokens.length - spelling < MAX_EXTRA_TOKENS && decideTokens(chain.tokens, chain.probs) === null;
+  };
+  await extend(context, fresh, stillOpen, nextToken);
   const merged = new Map();
   for (const chain of chains) {
     const found = firstDecision(chain, decideTokens);

@@ -10,10 +10,11 @@ import java.util.Map;
 /**
  * The most likely whole next words, by the algorithm of docs/keyboard.md, as the browser demo
  * (hrm_edge/app/web/js/suggest.mjs) and Python (hrm_edge/runtime/suggest.py) compute them; tests/test_keyboard.py
- * checks the three give identical words. The text's last token is taken back (token healing); the
- * {@link #CANDIDATES} most likely first tokens that start with its text are each extended greedily until the
- * word they spell has ended (a non-word character follows it); a word still open after {@link #MAX_EXTRA_TOKENS}
- * is dropped. The page extends all chains as one batch per step; this StepModel runs one sequence at a time
+ * checks the three give identical words. The last token, and earlier ones until HEAL_CHARS characters of the
+ * word being typed, are taken back (token healing); the {@link #CANDIDATES} most likely first tokens that fit
+ * their text are each extended greedily (spelling the rest of it first) until the word they spell has ended (a
+ * non-word character follows it); a word still open after {@link #MAX_EXTRA_TOKENS} is dropped. The page extends
+ * all chains as one batch per step; this StepModel runs one sequence at a time
  * (chain after chain, each overwriting the cache rows after the context), which gives the same words.
  */
 public final class WordSuggester {
@@ -67,6 +68,8 @@ public final class WordSuggester {
     static final int CANDIDATES = 4, MAX_EXTRA_TOKENS = 4;
     /** The most context a suggestion reads: as accurate as 256 tokens on held-out code, at half the cost. */
     static final int CONTEXT_TOKENS = 128;
+    /** Token healing takes back tokens until it holds this many characters of the partial word. */
+    static final int HEAL_CHARS = 2;
     private static final String SPACES = " \t\n\r\f\013"; // \013: vertical tab
 
     private final StepModel model;
@@ -74,7 +77,7 @@ public final class WordSuggester {
     private String[] tokenText;
     private int[] cached = new int[0]; // the context ids whose KV rows the program holds
     private float[] cachedLogits;
-    private Map<Integer, Chain> chains = new HashMap<>(); // first token -> chain, for `cached`
+    private Map<String, Chain> chains = new HashMap<>(); // "firstToken textStillToSpell" -> chain, for `cached`
 
     public WordSuggester(StepModel model, ByteLevelBpe tokenizer) {
         this.model = model;
@@ -84,21 +87,25 @@ public final class WordSuggester {
     public List<Suggestion> suggest(String text, int n) {
         int[] ids = contextWindow(tokenizer.encode(text), model.maxSeqLen());
         if (ids.length == 0) return new ArrayList<>();
-        // token healing: the last token is taken back; the first token must start with its text
-        float[] logits = advance(ids.length > 1 ? Arrays.copyOf(ids, ids.length - 1) : ids);
-        String[] texts = tokenTexts(logits.length);
-        String prefix = ids.length > 1 ? texts[ids[ids.length - 1]] : "";
         String partial = trailingWord(text);
         boolean midWord = !partial.isEmpty();
+        // token healing: the last token, and earlier ones until HEAL_CHARS characters of the partial word, are
+        // taken back; the chains spell their text again
+        int cut = ids.length > 1 ? healedStart(ids, partial) : ids.length;
+        float[] logits = advance(Arrays.copyOf(ids, cut));
+        String[] texts = tokenTexts(logits.length);
+        String prefix = tokenizer.decode(Arrays.copyOfRange(ids, cut, ids.length));
         List<Chain> list = new ArrayList<>();
-        for (int t : firstTokens(logits, texts, prefix)) {
-            Chain chain = chains.get(t);
+        for (int t : firstTokens(logits, texts, prefix, CANDIDATES)) {
+            // a chain depends on its first token and the text it must spell
+            String key = t + " " + prefix.substring(Math.min(texts[t].length(), prefix.length()));
+            Chain chain = chains.get(key);
             if (chain == null || (firstDecision(chain, prefix, midWord) == null && chain.tokens.size() <= MAX_EXTRA_TOKENS)) {
                 chain = new Chain(); // not computed yet, or too short to decide
                 chain.tokens.add(t);
                 chain.probs.add(probability(logits, t));
                 extend(chain, cached.length, prefix, midWord);
-                chains.put(t, chain);
+                chains.put(key, chain);
             }
             list.add(chain);
         }
@@ -127,12 +134,32 @@ public final class WordSuggester {
         return cachedLogits;
     }
 
+    /** Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back
+     *  text holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is
+     *  one the model rarely saw); at least one id stays. */
+    private int healedStart(int[] ids, String partial) {
+        int j = ids.length - 1, chars = Math.min(partial.length(), HEAL_CHARS);
+        while (j > 1 && tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length)).length() < chars) j--;
+        return j;
+    }
+
     /** Grow the chain by greedy tokens (its first token at position `position`) until its word has ended or it
-     *  has MAX_EXTRA_TOKENS more tokens. */
+     *  has MAX_EXTRA_TOKENS more tokens after the one that completes the taken-back text; while that text is
+     *  unspelled, only tokens that fit it. */
     private void extend(Chain chain, int position, String prefix, boolean midWord) {
-        for (int step = 0; step < MAX_EXTRA_TOKENS && decide(chain, chain.tokens.size(), prefix, midWord) == null; step++) {
-            float[] logits = model.forward(new int[] {chain.tokens.get(chain.tokens.size() - 1)}, position + step);
+        int spelling = 1; // tokens up to the one that completes prefix
+        while (decide(chain, chain.tokens.size(), prefix, midWord) == null) {
+            int[] ids = new int[chain.tokens.size()];
+            for (int i = 0; i < ids.length; i++) ids[i] = chain.tokens.get(i);
+            int spelled = tokenizer.decode(ids).length();
+            if (spelled < prefix.length()) spelling = ids.length + 1;
+            if (ids.length - spelling >= MAX_EXTRA_TOKENS) return;
+            float[] logits = model.forward(new int[] {ids[ids.length - 1]}, position + ids.length - 1);
             int t = argmax(logits);
+            if (spelled < prefix.length()) {
+                List<Integer> fit = firstTokens(logits, tokenText, prefix.substring(spelled), 1);
+                if (!fit.isEmpty()) t = fit.get(0);
+            }
             chain.tokens.add(t);
             chain.probs.add(probability(logits, t));
         }
@@ -196,6 +223,7 @@ public final class WordSuggester {
         for (int i = 0; i < k; i++) ids[i] = chain.tokens.get(i);
         if (tokenText[ids[k - 1]].isEmpty()) return DEAD; // a special token (end of text): no word follows
         String text = tokenizer.decode(ids);
+        if (text.length() < prefix.length() && prefix.startsWith(text)) return null; // still spelling the prefix
         if (!text.startsWith(prefix)) return DEAD;
         Decision read = readWord(text.substring(prefix.length()), midWord);
         if (read == null || read == DEAD) return read;
@@ -217,18 +245,31 @@ public final class WordSuggester {
         return null;
     }
 
-    /** The CANDIDATES highest-logit tokens whose text starts with prefix (and is not empty); ties: lower id. */
-    private static List<Integer> firstTokens(float[] logits, String[] texts, String prefix) {
-        List<Integer> best = new ArrayList<>();
+    /** The count highest-logit tokens whose text starts with prefix; in the slots left, the highest-logit tokens
+     *  whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id. */
+    private static List<Integer> firstTokens(float[] logits, String[] texts, String prefix, int count) {
+        List<Integer> covering = new ArrayList<>(), shorter = new ArrayList<>();
         for (int t = 0; t < logits.length; t++) {
-            if (texts[t].isEmpty() || !texts[t].startsWith(prefix)) continue;
-            if (best.size() == CANDIDATES && !(logits[t] > logits[best.get(CANDIDATES - 1)])) continue;
-            if (best.size() == CANDIDATES) best.remove(CANDIDATES - 1);
-            int k = best.size();
-            while (k > 0 && logits[t] > logits[best.get(k - 1)]) k--;
-            best.add(k, t);
+            if (texts[t].isEmpty() || !(room(covering, t, logits, count) || room(shorter, t, logits, count))) continue;
+            if (texts[t].startsWith(prefix)) rank(covering, t, logits, count);
+            else if (prefix.startsWith(texts[t])) rank(shorter, t, logits, count);
         }
-        return best;
+        covering.addAll(shorter);
+        return covering.subList(0, Math.min(count, covering.size()));
+    }
+
+    /** Whether t would rank among best (the string tests only run for such a token). */
+    private static boolean room(List<Integer> best, int t, float[] logits, int count) {
+        return best.size() < count || logits[t] > logits[best.get(count - 1)];
+    }
+
+    /** Insert t into best (at most count ids, highest logit first; ties: the lower id, which comes first). */
+    private static void rank(List<Integer> best, int t, float[] logits, int count) {
+        if (!room(best, t, logits, count)) return;
+        if (best.size() == count) best.remove(count - 1);
+        int k = best.size();
+        while (k > 0 && logits[t] > logits[best.get(k - 1)]) k--;
+        best.add(k, t);
     }
 
     /** First maximum on ties, like numpy's argmax. */

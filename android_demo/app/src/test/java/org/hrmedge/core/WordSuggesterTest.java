@@ -62,9 +62,10 @@ public class WordSuggesterTest {
         WordSuggester s = new WordSuggester(model, TestTokenizer.load());
         s.suggest("c a c ", 3); // "c", " a", " ", "c", " ": context = the first 4 tokens
         model.calls.clear();
-        // "c", " a", " ", "c", " b": the same context; the chain of " b" was computed for the text above
+        // "c", " a", " ", "c", " b": the same context; the chain of " b" was computed for the text above (reused:
+        // no calls at position 4 for it); " ", a proper prefix of " b", is a new chain that spells "b" (4:1, 5:1)
         assertEquals(List.of("bb|b|("), labels(s.suggest("c a c b", 3))); // mid-word: the completed word
-        assertEquals(List.of(), model.calls);
+        assertEquals(List.of("4:1", "5:1"), model.calls);
     }
 
     @Test
