@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO
 from test_android_core import classes, java  # noqa: F401  (classes: the compiled Java core, a fixture)
-from test_demo import DemoServer, default_export  # noqa: F401  (default_export: a fixture)
+from test_demo import DemoServer
 from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, healed_start,
                                       is_word_char, keyboard_metrics, read_word, suggest_words, trailing_word)
 from hrm_edge.train.tokenizer import load_tokenizer
