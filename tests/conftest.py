@@ -1,4 +1,5 @@
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -80,7 +81,6 @@ def text_corpus(tmp_path):
 def perturbed_copy(export_dir: Path, dest: Path, name: str = "hrm.fp32.onnx") -> Path:
     """A copy of an export folder in which ONNX artifact `name` has its embedding table perturbed (0.01 x
     N(0, 1)) and its sha256 and size fixed up in the manifest: it must fail parity on numbers, not sha256."""
-    import json
     import shutil
 
     import numpy as np
