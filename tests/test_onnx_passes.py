@@ -4,8 +4,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from hrm_edge.export.onnx_passes import (blockwise_quantize, hoist_loop_invariants, matmuls_to_nbits, merge_split_concat,
-                                         nbits_node, step_op_counts, weights_into_body)
+from hrm_edge.export.onnx_passes import (NbitsFormat, blockwise_quantize, hoist_loop_invariants, matmuls_to_nbits,
+                                         merge_split_concat, nbits_node, step_op_counts, weights_into_body)
 
 
 def _body(nodes: list, initializers: list) -> onnx.GraphProto:
@@ -163,7 +163,7 @@ def test_blockwise_weights_are_what_matmulnbits_multiplies():
         error = np.abs(stands_for - w)
         assert np.all(error <= step + 1e-7) and np.mean(error <= step / 2 + 1e-7) > 0.95
         for level, expected in ((0, x @ stands_for), (4, _int8_per_block(x, block) @ stands_for)):
-            graph = helper.make_graph([nbits_node("x", "y", "b", "s", k, n, bits, block, level)], "g",
+            graph = helper.make_graph([nbits_node("x", "y", "b", "s", k, n, NbitsFormat(bits, block, level))], "g",
                                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])],
                                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                                       [numpy_helper.from_array(stored, "b"), numpy_helper.from_array(scales, "s")])

@@ -27,8 +27,9 @@ from onnx import TensorProto, helper
 
 from hrm_edge.export.calibrate import BLOCK_LINEARS
 from hrm_edge.export.names import ort_name
-from hrm_edge.export.onnx_passes import (blockwise_quantize, hoist_loop_invariants, loop_and_body, matmuls_to_nbits,
-                                         merge_split_concat, names_read, nbits_node, weights_into_body)
+from hrm_edge.export.onnx_passes import (NbitsFormat, blockwise_quantize, hoist_loop_invariants, loop_and_body,
+                                         matmuls_to_nbits, merge_split_concat, names_read, nbits_node,
+                                         weights_into_body)
 from hrm_edge.io import atomic_write_bytes, atomic_write_text
 from hrm_edge.model.lm import HRMLM, DraftForm, FunctionalDecodeForm, RMSNorm, TracedForm, VerifyForm, cache_steps
 
@@ -436,7 +437,8 @@ def _nbits_tied_table(main: onnx.GraphProto, block: int, inits: NewInitializers)
             ]
         elif node.op_type == "Gemm" and node.input[1] == TIED_TABLE:
             head_found = True
-            nodes.append(nbits_node(node.input[0], node.output[0], q, s, d_model, vocab, NBITS_TABLE_BITS, block, 4))
+            nodes.append(nbits_node(node.input[0], node.output[0], q, s, d_model, vocab,
+                                    NbitsFormat(NBITS_TABLE_BITS, block)))
         else:
             nodes.append(node)
     if not head_found:

@@ -8,6 +8,8 @@ stored in the body (weights_into_body).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 
@@ -211,12 +213,21 @@ def blockwise_quantize(w: np.ndarray, bits: int, block: int) -> tuple[np.ndarray
     return stored, scales, np.ascontiguousarray(dequantized)
 
 
-def nbits_node(x: str, y: str, stored: str, scales: str, k: int, n: int, bits: int, block: int,
-               accuracy_level: int) -> onnx.NodeProto:
-    """y = x @ (the weight `stored` and `scales` stand for); accuracy_level 4: int8 compute (x quantized per
-    block at run time), onnxruntime's fast path on x86 (VNNI/AMX) and ARM (dot product)."""
+@dataclass(frozen=True)
+class NbitsFormat:
+    """How a MatMulNBits weight is stored and computed: bits per weight, weights per block (one scale each), and
+    accuracy_level 4: int8 compute (x quantized per block at run time), onnxruntime's fast path on x86
+    (VNNI/AMX) and ARM (dot product)."""
+
+    bits: int
+    block: int
+    accuracy_level: int = 4
+
+
+def nbits_node(x: str, y: str, stored: str, scales: str, k: int, n: int, fmt: NbitsFormat) -> onnx.NodeProto:
+    """y = x @ (the [k, n] weight `stored` and `scales` stand for, in format fmt)."""
     return onnx.helper.make_node("MatMulNBits", [x, stored, scales], [y], domain=NBITS_DOMAIN, name=f"{y}.nbits",
-                                 K=k, N=n, bits=bits, block_size=block, accuracy_level=accuracy_level)
+                                 K=k, N=n, bits=fmt.bits, block_size=fmt.block, accuracy_level=fmt.accuracy_level)
 
 
 def matmuls_to_nbits(model: onnx.ModelProto, weights: set, bits: int, block: int, accuracy_level: int = 4) -> dict:
@@ -266,8 +277,8 @@ def _nbits_group(g: onnx.GraphProto, inits: dict, matmuls: list, kind: tuple, do
                           onnx.numpy_helper.from_array(np.concatenate([s for _, s, _ in parts]), f"{p}.scales")])
     sizes = [int(inits[w].dims[1]) for w in names]
     y = matmuls[0].output[0] if len(matmuls) == 1 else f"{p}.y"
-    nodes = [nbits_node(matmuls[0].input[0], y, p, f"{p}.scales", int(inits[names[0]].dims[0]), sum(sizes), bits,
-                        block, accuracy_level)]
+    nodes = [nbits_node(matmuls[0].input[0], y, p, f"{p}.scales", int(inits[names[0]].dims[0]), sum(sizes),
+                        NbitsFormat(bits, block, accuracy_level))]
     if len(matmuls) > 1:
         g.initializer.append(onnx.numpy_helper.from_array(np.array(sizes, dtype=np.int64), f"{p}.sizes"))
         nodes.append(onnx.helper.make_node("Split", [y, f"{p}.sizes"], [m.output[0] for m in matmuls], axis=-1,
