@@ -46,16 +46,32 @@ class Decoder:
         return self._run(np.array([token]))[0]
 
 
-class OnnxDecoder(Decoder):
-    """The *.kv.onnx graph: (tokens, past_k, past_v) -> (logits, present_k, present_v); the presents of one
-    call are the pasts of the next (the cache grows by the call's tokens, up to max_seq_len)."""
+class OnnxStepModel:
+    """A *.kv.onnx / *.kv.ort graph: run(tokens [B, S], past_k, past_v) -> (logits [B, S, V], present_k,
+    present_v), pasts [T, B, H, P, hd]; batch and past length are dynamic."""
 
     def __init__(self, path: Path, threads: int = 0, profile: bool = False):
         self.session = ort_session(path, threads, profile)
-        meta = self.session.get_modelmeta().custom_metadata_map
         shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_k")  # [T, B, H, P, hd]
-        self.empty_cache = np.zeros((shape[0], 1, shape[2], 0, shape[4]), np.float32)
-        self.max_seq_len = int(meta["max_seq_len"])
+        self.past_shape = (shape[0], 1, shape[2], 0, shape[4])
+        self.max_seq_len = int(self.session.get_modelmeta().custom_metadata_map["max_seq_len"])
+
+    def empty_past(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(self.past_shape, np.float32), np.zeros(self.past_shape, np.float32)
+
+    def run(self, tokens: np.ndarray, past_k: np.ndarray, past_v: np.ndarray):
+        return self.session.run(None, {"tokens": np.ascontiguousarray(tokens, dtype=np.int64),
+                                       "past_k": past_k, "past_v": past_v})
+
+
+class OnnxDecoder(Decoder):
+    """The *.kv.onnx graph one sequence at a time: the presents of one call are the pasts of the next (the cache
+    grows by the call's tokens, up to max_seq_len)."""
+
+    def __init__(self, path: Path, threads: int = 0, profile: bool = False):
+        self.step = OnnxStepModel(path, threads, profile)
+        self.session, self.max_seq_len = self.step.session, self.step.max_seq_len
+        self.empty_cache = self.step.empty_past()[0]
         self.reset()
 
     def reset(self):
@@ -63,8 +79,7 @@ class OnnxDecoder(Decoder):
         self.pos = 0
 
     def _run(self, tokens: np.ndarray) -> np.ndarray:
-        logits, self.k, self.v = self.session.run(None, {
-            "tokens": np.ascontiguousarray(tokens[None, :], dtype=np.int64), "past_k": self.k, "past_v": self.v})
+        logits, self.k, self.v = self.step.run(tokens[None, :], self.k, self.v)
         self.pos += len(tokens)
         return logits[0]
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 import time
 import unicodedata
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from hrm_edge.runtime.decoders import ort_session
+from hrm_edge.runtime.decoders import OnnxStepModel  # noqa: F401  (the step model of the docstring)
 
 CANDIDATES = 4  # first tokens tried: 4, 6 and 8 gave the same top-3 accuracy on held-out code (2026-12-01)
 MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must be seen to end within them
@@ -40,23 +39,6 @@ class Word:
 class Suggestions:
     words: list[Word]
     ms: float
-
-
-class OnnxStepModel:
-    """A *.kv.onnx / *.kv.ort graph (dynamic batch axis) as a step model."""
-
-    def __init__(self, path: Path, threads: int = 0):
-        self.session = ort_session(path, threads)
-        shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_k")  # [T, B, H, P, hd]
-        self.past_shape = (shape[0], 1, shape[2], 0, shape[4])
-        self.max_seq_len = int(self.session.get_modelmeta().custom_metadata_map["max_seq_len"])
-
-    def empty_past(self) -> tuple[np.ndarray, np.ndarray]:
-        return np.zeros(self.past_shape, np.float32), np.zeros(self.past_shape, np.float32)
-
-    def run(self, tokens: np.ndarray, past_k: np.ndarray, past_v: np.ndarray):
-        return self.session.run(None, {"tokens": np.ascontiguousarray(tokens, dtype=np.int64),
-                                       "past_k": past_k, "past_v": past_v})
 
 
 @dataclass
