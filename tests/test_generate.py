@@ -38,8 +38,10 @@ def test_complete_greedy_is_identical_across_runtimes(tiny_export):
     texts = {rt: completion(tiny_export, rt) for rt in ("eager", "onnx", "executorch")}
     assert texts["eager"].startswith("def ") and len(texts["eager"]) > len("def ") + 10
     assert texts["onnx"] == texts["eager"] and texts["executorch"] == texts["eager"]
-    # self-speculative decoding (the .spec.pte program's draft and verify methods): the full depth's text
-    assert completion(tiny_export, "executorch", "--speculative", "--temperature", "0") == texts["eager"]
+    # self-speculative decoding in every runtime (eager; the draft and verify graphs; the .spec.pte program's
+    # draft and verify methods): the full depth's text
+    for runtime in ("eager", "onnx", "executorch"):
+        assert completion(tiny_export, runtime, "--speculative", "--temperature", "0") == texts["eager"], runtime
     int8 = completion(tiny_export, "executorch", "--precision", "int8")
     assert int8.startswith("def ")
 
