@@ -1,6 +1,7 @@
 """User mistakes become one line on stderr and exit code 2; everything else is a bug and keeps its traceback."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable
 
@@ -23,4 +24,7 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as a shell tool does on SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
+        code = 141
     sys.exit(code)

@@ -2,10 +2,12 @@
 import argparse
 import importlib
 import re
+import subprocess
+import sys
 
 import pytest
 
-from conftest import parser_of, run_module
+from conftest import REPO, parser_of, run_module
 
 
 def assert_user_error(proc, *needles):
@@ -129,3 +131,16 @@ def test_help_explains_flags(command):
 
 def test_train_needs_out():
     assert_user_error(run_module("hrm_edge.train", "--preset", "tiny"), "--out is required")
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`python -m hrm_edge.X ... | head`: when the reader goes away the command stops with exit code 141 (a shell
+    tool's SIGPIPE status) and no traceback."""
+    code = ("import sys\nfrom hrm_edge.errors import run_cli\n"
+            "def main(argv):\n    while True:\n        print('x' * 1000)\n"
+            "run_cli(main)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    proc.stdout.read(10)
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 141
+    assert b"Traceback" not in proc.stderr.read()
