@@ -13,8 +13,9 @@ import pytest
 from conftest import REPO
 from test_android_core import classes, java  # noqa: F401  (classes: the compiled Java core, a fixture)
 from test_demo import DemoServer
-from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, healed_start,
-                                      is_word_char, keyboard_metrics, read_word, suggest_words, trailing_word)
+from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, decide,
+                                      first_decision, healed, healed_start, is_word_char, keyboard_metrics,
+                                      read_typed_word, read_word, suggest_words, trailing_word)
 from hrm_edge.train.tokenizer import load_tokenizer
 
 TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
@@ -180,6 +181,35 @@ def test_a_partial_word_of_several_tokens_is_healed(tokenizer, allowed):
     assert spelled and all(d.startswith("rob") or "rob".startswith(d) for d in spelled), spelled
     assert any(d.startswith("rob") for d in spelled), spelled  # spelled the rest, then went on
     assert healed_start(tokenizer, tokenizer.encode("x = 1\nfr", add_special_tokens=False).ids, "fr") == cut - 1
+
+
+def test_a_typed_word_reads_like_the_chain_that_spells_it(tokenizer, allowed):
+    """read_typed_word (the diagnosis of a missed word) gives a chip's own reading when the chip's chain is the
+    tokenization of the typed text, and reads any other continuation by the same rules."""
+    model, same = HashStepModel(allowed, tokenizer.get_vocab_size()), 0
+    for text in ("import o", "x = ", "def f(", "import os\ndef ", "print(se"):
+        context = TypedContext(model)
+        words = suggest_words(context, tokenizer, text).words
+        ids = context_window(tokenizer.encode(text, add_special_tokens=False).ids, model.max_seq_len)
+        partial, cut, prefix = healed(tokenizer, text, ids)
+        texts = context.token_texts(tokenizer, tokenizer.get_vocab_size())
+        for chain in list(context.chains.values()):
+            found = first_decision(chain, lambda t, p: decide(t, p, tokenizer, texts, prefix, partial != ""))
+            if not found or found[0] not in [w.insert for w in words]:
+                continue
+            following = tokenizer.decode(chain.tokens)[len(prefix):]
+            if tokenizer.encode(text + following, add_special_tokens=False).ids[cut:] != chain.tokens:
+                continue  # the typed text would be other tokens
+            read = read_typed_word(context, tokenizer, text, following)
+            assert read[:3] == found[:3] and read[3] == pytest.approx(found[3], rel=1e-9), (text, read, found)
+            same += 1
+        assert suggest_words(context, tokenizer, text).words == words  # the diagnosis leaves the cache usable
+    assert same >= 3, same
+    context = TypedContext(model)
+    insert, word, ending, p = read_typed_word(context, tokenizer, "import os\n", "frobnicate(x)")
+    assert (insert, word, ending[:1]) == ("frobnicate", "frobnicate", "(") and 0 < p < 1e-3
+    assert read_typed_word(context, tokenizer, "import os\n", "(x)") == ""  # a symbol where a word should be
+    assert read_typed_word(context, tokenizer, "import os\n", "frob") is None  # not seen to end
 
 
 def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monkeypatch):

@@ -146,6 +146,15 @@ def healed_start(tokenizer, ids: list[int], partial: str) -> int:
     return j
 
 
+def healed(tokenizer, text: str, ids: list[int]) -> tuple[str, int, str]:
+    """(partial word, cut, prefix) of the text before the cursor and its window's ids: token healing takes back
+    the last token, and earlier ones until HEAL_CHARS characters of the partial word; the chains spell the
+    taken-back text `prefix` = decode(ids[cut:]) again."""
+    partial = trailing_word(text)
+    cut = healed_start(tokenizer, ids, partial) if len(ids) > 1 else len(ids)
+    return partial, cut, tokenizer.decode(ids[cut:])
+
+
 def first_tokens(logits: np.ndarray, texts: list[str], prefix: str, count: int = CANDIDATES,
                  pool: np.ndarray | None = None) -> list[int]:
     """The `count` highest-logit tokens whose text starts with `prefix`; in the slots left, the highest-logit
@@ -227,13 +236,9 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
     ids = context_window(tokenizer.encode(text, add_special_tokens=False).ids, context.model.max_seq_len)
     if not ids:
         return Suggestions([], 0.0)
-    partial = trailing_word(text)
-    # token healing: the last token, and earlier ones until HEAL_CHARS characters of the partial word, are
-    # taken back; the chains spell their text again
-    cut = healed_start(tokenizer, ids, partial) if len(ids) > 1 else len(ids)
+    partial, cut, prefix = healed(tokenizer, text, ids)
     logits = context.update(ids[:cut])
     texts = context.token_texts(tokenizer, len(logits))
-    prefix = tokenizer.decode(ids[cut:])
     p = softmax64(logits)
 
     def decide_tokens(tokens, probs):
@@ -273,6 +278,29 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
             merged[insert] = Word(partial + word if partial else word, insert, probability, ending)
     words = sorted(merged.values(), key=lambda w: -w.probability)[:n]  # stable: ties keep candidate order
     return Suggestions(words, (time.perf_counter() - start) * 1000)
+
+
+def read_typed_word(context: TypedContext, tokenizer, text: str, following: str):
+    """A diagnosis of a missed word: the text the user typed next (`following`: the word and at least one character
+    after it) in its own tokens, read as a chain of suggest_words would be (docs/keyboard.md steps 7-8): (insert,
+    word, ending, probability), "" (dead) or None (still open, or the tokens of text + following do not start with
+    the context's). A word whose probability beats the bar's last chip, or that had a free slot, was missed by the
+    search (first tokens, greedy chains), not ranked below the chips by the model."""
+    encoded = tokenizer.encode(text, add_special_tokens=False).ids
+    ids = context_window(encoded, context.model.max_seq_len)
+    if not ids:
+        return None
+    partial, cut, prefix = healed(tokenizer, text, ids)
+    typed = tokenizer.encode(text + following, add_special_tokens=False).ids[len(encoded) - len(ids):]
+    rest = typed[cut:context.model.max_seq_len]
+    if typed[:cut] != ids[:cut] or not rest:
+        return None
+    logits = context.update(ids[:cut])
+    texts = context.token_texts(tokenizer, len(logits))
+    after, _, _ = context.model.run(np.array([rest], np.int64), context.past_k, context.past_v)  # [1, S, V]
+    rows = [logits] + list(after[0, :-1])  # the logits each token of rest is drawn from
+    chain = Chain(rest, [float(softmax64(row)[t]) for row, t in zip(rows, rest)])
+    return first_decision(chain, lambda tokens, probs: decide(tokens, probs, tokenizer, texts, prefix, partial != ""))
 
 
 def keyboard_metrics(text: str, chips: list[list]) -> dict:
