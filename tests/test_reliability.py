@@ -474,15 +474,17 @@ def test_complete_refuses_each_flipped_artifact_of_a_real_export(tiny_export, tm
 
 
 # ---- 6. reproducible artifacts ----
-# Two exports of one checkpoint (same options, so the same seeds): which files are the same bytes. The others
-# differ in layout only, never in what they compute (docs/parity.md): their parity numbers are identical.
+# Two exports of one checkpoint (the seeds come from the checkpoint and the artifact, not from the options): which
+# files are the same bytes. The others differ in layout only, never in what they compute (docs/parity.md): their
+# parity numbers are identical. The second export makes a subset of the first's programs (the fp32 ones of both
+# formats and the static int8 graphs): three .pte lowerings instead of eight, the slow part of an export.
 
 @pytest.fixture(scope="module")
 def two_full_exports(tiny_export, tmp_path_factory):
-    """The suite's tiny export and a second export of its checkpoint with the same options (so the same seeds)."""
+    """The suite's tiny export and a second export of its checkpoint making a subset of its artifacts."""
     out = tmp_path_factory.mktemp("reliab") / "second"
-    proc = run_module("hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out, "--cycles", "1",
-                      "--int8", "static,static-shared,dynamic,8da4w", "--no-progress", timeout=1800)
+    proc = run_module("hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out,
+                      "--int8", "static,static-shared", "--no-progress", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [tiny_export, out]
 
@@ -500,16 +502,24 @@ def test_two_exports_are_byte_identical_but_ort_and_pte_layout(two_full_exports)
 
     first, second = (read_manifest(d) for d in two_full_exports)
     a, b = expected_sha256(first), expected_sha256(second)
-    assert set(a) == set(b)
-    for name in ("calibration.json", "calibration_set.npz", "required_operators.config"):
+    assert set(b) <= set(a) and len(b) < len(a)
+    # what follows the set of artifacts made: the bundles (below, array by array) and onnxruntime's operator list
+    for name in ("parity_bundle.npz", "web_bundle.bin"):
+        a.pop(name), b.pop(name)
+    for name in ("calibration.json", "calibration_set.npz"):
         a[name], b[name] = (sha256_file(d / name) for d in two_full_exports)
-    differ = {name for name in a if a[name] != b[name]}
+    differ = {name for name in b if a[name] != b[name]}
     # may differ in layout only (docs/parity.md): .ort (onnxruntime's converter writes its kernel-type-string
     # table in hash-map order) and .pte (XNNPACK's lowering orders some delegate calls' inputs per process)
     assert not {name for name in differ if not name.endswith((".ort", ".pte"))}, sorted(differ)
-    assert [p for p in a if p.endswith(".onnx")] and [p for p in a if p.endswith(".pte")]
-    for x, y in zip(first["artifacts"], second["artifacts"]):
-        assert x.path == y.path and parity_numbers(x) == parity_numbers(y), x.path
+    assert [p for p in b if p.endswith(".onnx")] and [p for p in b if p.endswith(".pte")]
+    arts = {x.path: x for x in first["artifacts"]}
+    for y in second["artifacts"]:
+        assert parity_numbers(arts[y.path]) == parity_numbers(y), y.path
+    bundles = [np.load(d / "parity_bundle.npz") for d in two_full_exports]
+    assert set(bundles[1].files) <= set(bundles[0].files)
+    for key in bundles[1].files:
+        np.testing.assert_array_equal(bundles[0][key], bundles[1][key], err_msg=key)
     assert first["model"] == second["model"] and first["tolerances"] == second["tolerances"]
 
 
