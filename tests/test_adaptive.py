@@ -2,6 +2,7 @@
 keys/values taken from the same role's first-cycle ones. The token-by-token eager decoder and the teacher-forced
 all-positions pass must compute the same logits and depths."""
 import dataclasses
+import itertools
 import json
 import shutil
 
@@ -20,7 +21,7 @@ from hrm_edge.model.eager import EagerAdaptiveDecoder, EagerDecoder, EagerSpecul
 from hrm_edge.model.lm import HRMLM, HaltingHead, HaltingRule, KVCache, adaptive_forward, run_first_cycle
 from hrm_edge.runtime.adaptive import AdaptiveDecoder, TopProbRule, adaptive_decode_logits
 from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits, generate
-from hrm_edge.runtime.manifest import MANIFEST_FORMAT, sha256_file
+from hrm_edge.runtime.manifest import MANIFEST_FORMAT, Artifact, sha256_file
 from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder
 from hrm_edge.train.halting import fit_head, head_report, train_halting_head
 from hrm_edge.train.tokenizer import load_tokenizer
@@ -194,8 +195,37 @@ def test_complete_exit_threshold(tmp_path, capsys):
         runs[extra[1:]] = (text, last)
     assert runs[("1.5",)][0] == runs[()][0] and "0/11 decode steps exited" in runs[("1.5",)][1]
     assert "11/11 decode steps exited" in runs[("0",)][1]
-    with pytest.raises(UserError, match="--exit-threshold"):
+    with pytest.raises(UserError, match="no fp32 KV-cache onnx program"):
         complete_main(["--artifacts", str(out), "--runtime", "onnx", "--exit-threshold", "0.5", "x"])
+    with pytest.raises(UserError, match="without --speculative"):
+        complete_main(["--artifacts", str(out), "--runtime", "eager", "--adaptive", "--speculative", "x"])
+
+
+def test_complete_exit_threshold_on_the_onnx_graphs(tmp_path, capsys):
+    """complete --runtime onnx --exit-threshold runs the KV, draft and verify graphs: the eager adaptive decoder's text
+    and exits, nothing exiting and everything exiting; the draft graph missing is one error line."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=4096, d_model=64, n_heads=2, H_cycles=2, L_cycles=1, max_seq_len=64, ffn_hidden=128)
+    out = eager_export(tmp_path / "export", HRMLM(cfg).eval())
+    manifest = json.loads((out / "manifest.json").read_text())
+    for path, program in zip(onnx_set(out, load_model(out)), ("kv_cache", "draft", "verify")):
+        art = Artifact.new(path, "onnx", "fp32", program, "onnx_loop", bytes=path.stat().st_size,
+                           sha256=sha256_file(path), parity={"x86_64": {"passed": True}})
+        manifest["artifacts"].append(art.to_json())
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    lines = {}
+    for runtime, threshold in itertools.product(("eager", "onnx"), ("0", "1.5")):
+        assert complete_main(["--artifacts", str(out), "--runtime", runtime, "--max-new-tokens", "12",
+                              "--exit-threshold", threshold, "def f("]) == 0
+        text, last = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
+        lines[runtime, threshold] = (text, last.split("exit >= ")[1].split(",")[0])
+    assert lines["onnx", "0"] == lines["eager", "0"] and lines["onnx", "0"][1] == "0: 11/11 decode steps exited"
+    assert lines["onnx", "1.5"] == lines["eager", "1.5"] and lines["onnx", "1.5"][1] == "1.5: 0/11 decode steps exited"
+    assert lines["onnx", "0"][0] != lines["onnx", "1.5"][0]
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["program"] != "draft"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="--exit-threshold: no draft graph for hrm.fp32.kv.onnx"):
+        complete_main(["--artifacts", str(out), "--runtime", "onnx", "--adaptive", "x"])
 
 
 # ---- the exported artifacts: ONNX draft + verify graphs, the ExecuTorch program's draft / verify / skip ----
