@@ -24,6 +24,8 @@ from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits, generate
 from hrm_edge.runtime.manifest import MANIFEST_FORMAT, Artifact, sha256_file
 from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder
 from hrm_edge.train.halting import fit_head, head_report, train_halting_head
+from hrm_edge.verify.parity import FP32_TOLERANCE, adaptive_check
+from hrm_edge.verify.reference import adaptive_references
 from hrm_edge.train.tokenizer import load_tokenizer
 
 SHIPPED = REPO / "hrm_edge" / "default_model"
@@ -254,13 +256,20 @@ def onnx_set(folder, model):
             export_onnx_verify(model, folder / "hrm.fp32.verify.onnx"))
 
 
-@pytest.mark.parametrize("H, L", [(2, 2), (3, 1)])
-def test_onnx_adaptive_equals_eager(tmp_path, H, L):
-    """AdaptiveDecoder over the ONNX draft/verify graphs takes the eager decoder's decisions and computes its logits;
-    with a threshold above 1 it is the plain KV graph."""
+@pytest.fixture(scope="module", params=[(2, 2), (3, 1)], ids=["H2-L2", "H3-L1"])
+def onnx_adaptive(request, tmp_path_factory):
+    """(model, its KV, draft and verify graphs, a threshold between its decoded positions' top probabilities)."""
+    H, L = request.param
     model = onnx_model(4, H, L)
     threshold = spaced_threshold(model)
-    paths = onnx_set(tmp_path, model)
+    return model, onnx_set(tmp_path_factory.mktemp(f"onnx-h{H}-l{L}"), model), threshold
+
+
+def test_onnx_adaptive_equals_eager(onnx_adaptive):
+    """AdaptiveDecoder over the ONNX draft/verify graphs takes the eager decoder's decisions and computes its logits;
+    with a threshold above 1 it is the plain KV graph."""
+    model, paths, threshold = onnx_adaptive
+    H = model.cfg.H_cycles
     eager_logits, eager_depths = sequential(model, HaltingRule(threshold), prefill=2)
     onnx = AdaptiveDecoder(OnnxSpeculativeDecoder(*paths), H, TopProbRule(threshold))
     logits, exited = adaptive_decode_logits(onnx, np.array([TOKENS]), 2)
@@ -271,6 +280,31 @@ def test_onnx_adaptive_equals_eager(tmp_path, H, L):
     full = decode_logits(OnnxDecoder(paths[0]), np.array([TOKENS]), 2)
     np.testing.assert_allclose(decode_logits(never, np.array([TOKENS]), 2), full, atol=1e-5, rtol=0)
     assert never.depths == [H] * (len(TOKENS) - 2)
+
+
+def test_parity_adaptive_check(onnx_adaptive, tmp_path):
+    """The gate's adaptive check of a verify graph at DEFAULT_EXIT_THRESHOLD: against the eager model with the graph's
+    own exits, and against the bundle's stored eager reference (no eager model), both pass with every decision
+    agreeing; a stored reference with other decisions, or of another model, fails it."""
+    model, paths, _ = onnx_adaptive
+    save_model(tmp_path, model)
+    windows = np.array([TOKENS + [9], TOKENS[::-1] + [3], [t * 3 % 64 for t in TOKENS] + [1]], dtype=np.int64)
+    art = Artifact.new(paths[2], "onnx", "fp32", "verify", "onnx_loop", prefill_len=3)
+    stored = {f"reference/{k}": v for k, v in adaptive_references(model, "fp32", windows[:, :-1], 3).items()}
+    bundle = {"windows": windows} | stored
+    eager = adaptive_check(paths[2], art, bundle, FP32_TOLERANCE, tmp_path)
+    offline = adaptive_check(paths[2], art, bundle, FP32_TOLERANCE, None)
+    for r in (eager, offline):
+        assert r["passed"] and r["depth_agreement"] == 1.0 and r["windows_compared"] == 3, r
+        assert 0.1 < r["exit_rate"] == r["eager_exit_rate"] < 0.9
+        assert r["max_abs_logit_error"] < 1e-4
+    assert "artifact's exits" in eager["compared_with"] and "agree" in offline["compared_with"]
+    flipped = stored["reference/adaptive/fp32/exited"].copy()
+    flipped[:, 3:5] = ~flipped[:, 3:5]
+    r = adaptive_check(paths[2], art, bundle | {"reference/adaptive/fp32/exited": flipped}, FP32_TOLERANCE, None)
+    assert not r["passed"] and r["depth_agreement"] < 0.99 and "no window" in r["reason"]
+    other = {f"reference/{k}": v for k, v in adaptive_references(onnx_model(7, model.cfg.H_cycles, model.cfg.L_cycles), "fp32", windows[:, :-1], 3).items()}
+    assert not adaptive_check(paths[2], art, {"windows": windows} | other, FP32_TOLERANCE, None)["passed"]
 
 
 def test_onnx_skip_fills_the_slots_as_copy_first_cycle(tmp_path):

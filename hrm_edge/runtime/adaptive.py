@@ -26,6 +26,12 @@ from hrm_edge.runtime.decoders import decode_logits
 DEFAULT_EXIT_THRESHOLD = 0.8
 
 
+def reference_name(reference: str) -> str:
+    """The parity bundle's name (under "reference/") of the eager adaptive reference of the artifacts whose eager
+    reference is `reference` ("fp32" for fp32 ones): <name>/logits [N, S, V] and <name>/exited [N, S] bool."""
+    return f"adaptive/{reference}"
+
+
 def top_prob(logits: np.ndarray) -> float:
     """logits [V] -> the largest softmax probability, max p = 1 / sum(exp(z - max z))."""
     z = logits.astype(np.float64)

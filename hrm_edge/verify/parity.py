@@ -30,6 +30,8 @@ import numpy as np
 
 from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_path, atomic_write_text, sha256_file
+from hrm_edge.runtime.adaptive import (DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder, TopProbRule, adaptive_decode_logits,
+                                      reference_name)
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder,
                                           generate_speculative, speculative_set, teacher_forced_logits)
@@ -185,6 +187,53 @@ def run_artifact(path: Path, art: Artifact, tokens: np.ndarray) -> np.ndarray:
     raise ValueError(f"unknown artifact format {art.format!r}")
 
 
+# ---- adaptive depth (hrm_edge.runtime.adaptive) on a speculative set: once per set, on its verify entry ----
+ADAPTIVE_PROGRAMS = ("verify", "speculative")
+MIN_DEPTH_AGREEMENT = 0.99  # the artifact's exit decisions vs the eager rule's (near-threshold ties may differ)
+
+
+def adaptive_key(art: Artifact) -> str:
+    """The parity bundle's stored eager adaptive reference of an artifact (its /logits and /exited)."""
+    return "reference/" + reference_name(art.reference if art.precision != "fp32" else "fp32")
+
+
+def adaptive_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance, eager_dir: Path | None) -> dict:
+    """Adaptive depth at DEFAULT_EXIT_THRESHOLD over the set's draft / verify / skip, teacher forced on the validation
+    windows (prefill, then one decode per token). Its logits are compared, with the artifact's tolerance, with the
+    eager model's adaptive logits under exactly the artifact's exits (eager_dir: an fp32 artifact's folder, where torch
+    is installed), or else with the bundle's stored eager adaptive logits on the windows whose exits all agree with
+    the eager rule's; its exits must agree with the eager rule's own decisions on >= MIN_DEPTH_AGREEMENT of tokens."""
+    windows, p = bundle["windows"], art.prefill_len
+    tokens = windows[:, :-1]
+    decoder = AdaptiveDecoder(speculative_decoder(path, art.program), 0, TopProbRule(DEFAULT_EXIT_THRESHOLD))
+    logits, exited = adaptive_decode_logits(decoder, tokens, p)  # full_depth 0: only the exits are read
+    key = adaptive_key(art)
+    if eager_dir is not None:
+        from hrm_edge.verify.reference import folder_adaptive  # torch
+
+        reference, eager_exited = folder_adaptive(eager_dir, tokens, p, DEFAULT_EXIT_THRESHOLD, exited)
+        rows, what = np.arange(len(tokens)), "fp32 eager adaptive_logits with the artifact's exits"
+    elif f"{key}/logits" in bundle:
+        reference, eager_exited = bundle[f"{key}/logits"], bundle[f"{key}/exited"]
+        rows = np.flatnonzero((exited == eager_exited).all(axis=1))
+        what = "the bundle's eager adaptive logits, on the windows whose exits all agree"
+    else:
+        return {"threshold": DEFAULT_EXIT_THRESHOLD, "exit_rate": float(exited[:, p:].mean()), "checked": False,
+                "passed": True, "reason": "not checked: the parity bundle has no adaptive reference (re-export) and "
+                                          "no fp32 eager model runs here"}
+    agreement = float((exited[:, p:] == eager_exited[:, p:]).mean())
+    check = (compare(logits[rows], reference[rows], windows[rows, 1:], tol, what) if len(rows) else
+             {"passed": False, "reason": "no window's exits all agree with the eager rule's"})
+    reasons = [check["reason"]] if not check["passed"] else []
+    if agreement < MIN_DEPTH_AGREEMENT:
+        reasons.append(f"exit decisions agree with the eager rule's on {agreement:.4f} < {MIN_DEPTH_AGREEMENT} of tokens")
+    return {"threshold": DEFAULT_EXIT_THRESHOLD, "checked": True, "compared_with": what,
+            "windows_compared": int(len(rows)), "exit_rate": float(exited[:, p:].mean()),
+            "eager_exit_rate": float(eager_exited[:, p:].mean()), "depth_agreement": agreement,
+            "max_abs_logit_error": check.get("max_abs_logit_error"), "top1_agreement": check.get("top1_agreement"),
+            "tolerance": check.get("tolerance"), "passed": not reasons, "reason": "; ".join(reasons)}
+
+
 def greedy_tokens(path: Path, fmt: str, prompt: np.ndarray, n_new: int) -> np.ndarray:
     return np.array(generate(kv_decoder(path, fmt), prompt.tolist(), n_new).tokens, dtype=np.int64)
 
@@ -213,9 +262,11 @@ def load_bundle(path: Path) -> dict[str, np.ndarray]:
 
 # ---- the gate over an export folder ----
 def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_bytes: int, tol: dict,
-                   logits_out: dict | None = None) -> dict:
-    """Verify one manifest entry: file present, sha256, size rule, numerical parity. Returns parity dict.
-    logits_out: if given, receives the artifact's logits as logits_out["logits"] (to compare two machines)."""
+                   logits_out: dict | None = None, eager: bool = True) -> dict:
+    """Verify one manifest entry: file present, sha256, size rule, numerical parity (and a speculative set's adaptive
+    depth). Returns parity dict. logits_out: if given, receives the artifact's logits as logits_out["logits"] (to
+    compare two machines). eager: the fp32 eager model may run here (where torch is installed) for adaptive depth's
+    reference; otherwise the bundle's stored one."""
     path = out_dir / art.path
     if not path.is_file():
         return {"passed": False, "reason": f"{art.path} is missing"}
@@ -251,6 +302,17 @@ def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_byt
                   compare(logits, bundle[fp32_key], targets, Tolerance(**tol[f"{art.precision}_vs_fp32_eager"]),
                           fp32_name)]
     reasons = [f"vs {c['reference']}: {c['reason']}" for c in checks if not c["passed"]]
+    adaptive = None
+    if art.program in ADAPTIVE_PROGRAMS:
+        # the artifact's own tolerance: vs fp32 eager (fp32) or vs its own eager reference (quantized)
+        own = Tolerance(**tol["fp32_vs_fp32_eager" if art.precision == "fp32" else "int8_vs_int8_reference"])
+        runs_eager = (eager and art.precision == "fp32" and importlib.util.find_spec("torch") is not None
+                      and all((out_dir / f).is_file() for f in ("config.json", "model.safetensors")))
+        try:
+            adaptive = adaptive_check(path, art, bundle, own, out_dir if runs_eager else None)
+        except Exception as e:  # as run_artifact's: a runtime that cannot run it fails the artifact
+            adaptive = {"passed": False, "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+        reasons += [f"adaptive depth: {adaptive['reason']}"] if not adaptive["passed"] else []
     greedy = greedy_check(path, art, bundle, reasons)
     size = path.stat().st_size
     if size > size_limit:
@@ -259,6 +321,8 @@ def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_byt
               "checks": checks}
     if greedy is not None:
         result["greedy_decode"] = greedy
+    if adaptive is not None:
+        result["adaptive"] = adaptive
     return result
 
 
