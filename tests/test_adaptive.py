@@ -24,7 +24,7 @@ from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits, generate
 from hrm_edge.runtime.manifest import MANIFEST_FORMAT, Artifact, sha256_file
 from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder
 from hrm_edge.train.halting import fit_head, head_report, train_halting_head
-from hrm_edge.verify.parity import FP32_TOLERANCE, adaptive_check
+from hrm_edge.verify.parity import FP32_TOLERANCE, _adaptive_rows, adaptive_check
 from hrm_edge.verify.reference import adaptive_references
 from hrm_edge.train.tokenizer import load_tokenizer
 
@@ -299,6 +299,9 @@ def test_parity_adaptive_check(onnx_adaptive, tmp_path):
         assert 0.1 < r["exit_rate"] == r["eager_exit_rate"] < 0.9
         assert r["max_abs_logit_error"] < 1e-4
     assert "artifact's exits" in eager["compared_with"] and "agree" in offline["compared_with"]
+    art.record_parity("x86_64", {"passed": True, "adaptive": offline})
+    row = f"| hrm.fp32.verify.onnx | x86_64 | {offline['exit_rate']:.3f} | {offline['eager_exit_rate']:.3f} | 1.0000 |"
+    assert row in "\n".join(_adaptive_rows({"artifacts": [art]}))
     flipped = stored["reference/adaptive/fp32/exited"].copy()
     flipped[:, 3:5] = ~flipped[:, 3:5]
     r = adaptive_check(paths[2], art, bundle | {"reference/adaptive/fp32/exited": flipped}, FP32_TOLERANCE, None)

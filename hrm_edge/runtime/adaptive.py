@@ -13,12 +13,12 @@ hrm_edge.runtime.decoders.generate drives it unchanged.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import numpy as np
 
-from hrm_edge.runtime.decoders import decode_logits
+from hrm_edge.runtime.decoders import Generation, Sampling, decode_logits, generate
 
 # top probability of the first cycle's readout at which a token exits: the most-exiting threshold of
 # `python -m hrm_edge.evaluate hrm_edge/default_model --depth-curve` whose held-out bits per byte stay within 1.005x
@@ -93,3 +93,16 @@ def adaptive_decode_logits(decoder: AdaptiveDecoder, tokens: np.ndarray, prefill
         logits.append(decode_logits(decoder, row[None, :], prefill_len)[0])
         exited.append([False] * prefill_len + decoder.exited)
     return np.stack(logits), np.array(exited, dtype=bool)
+
+
+@dataclass
+class AdaptiveGeneration(Generation):
+    exit_rate: float = 0.0  # decoded tokens that exited after the first outer cycle
+
+
+def generate_adaptive(decoder: AdaptiveDecoder, prompt: list[int], max_new_tokens: int,
+                      sampling: Sampling = Sampling(), **options) -> AdaptiveGeneration:
+    """hrm_edge.runtime.decoders.generate with adaptive depth, and the share of decode steps that exited."""
+    g = generate(decoder, prompt, max_new_tokens, sampling, **options)
+    exit_rate = float(np.mean(decoder.exited)) if decoder.depths else 0.0
+    return AdaptiveGeneration(**{f.name: getattr(g, f.name) for f in fields(g)}, exit_rate=exit_rate)

@@ -459,11 +459,34 @@ def _host_section(manifest: dict) -> list[str]:
                   "| artifact | target | new tokens | identical to eager fp32 | matching prefix |", "|---|---|---:|---|---:|"]
         lines += [f"| {p} | {t} | {g['new_tokens']} | {'yes' if g['identical_to_eager_fp32'] else 'no'} | "
                   f"{g['matching_prefix']} |" for p, t, g in greedy]
+    lines += _adaptive_rows(manifest)
     for target, items in manifest.get("skipped", {}).items():
         for item in items:
             lines.append(f"\nNot checked on {target}: {item['path']} ({item['reason']})")
     lines += ["", f"Overall: {'PASSED' if manifest.get('passed') else 'FAILED'}"]
     return lines + [f"- {f}" for f in manifest.get("failures", [])]
+
+
+def _adaptive_rows(manifest: dict) -> list[str]:
+    """The adaptive-depth check of each speculative set (adaptive_check), if any."""
+    found = [(art.path, target, r["adaptive"]) for art in manifest["artifacts"]
+             for target, r in (art.parity or {}).items() if "adaptive" in r]
+    if not found:
+        return []
+    lines = ["", "Adaptive depth (a decoded token exits after the first outer cycle when its top probability is >= "
+             f"{DEFAULT_EXIT_THRESHOLD:g}), each speculative set teacher forced: its exits against the eager rule's, "
+             "its logits against the eager adaptive logits:", "",
+             "| artifact | target | exit rate | eager exit rate | exits agree | max abs err | compared with | passed |",
+             "|---|---|---:|---:|---:|---:|---|---|"]
+    for path, target, a in found:
+        if not a.get("checked", True) or "depth_agreement" not in a:
+            lines.append(f"| {path} | {target} | – | – | – | – | – | {a.get('reason', '')} |")
+            continue
+        err = a["max_abs_logit_error"]
+        lines.append(f"| {path} | {target} | {a['exit_rate']:.3f} | {a['eager_exit_rate']:.3f} | "
+                     f"{a['depth_agreement']:.4f} | {'–' if err is None else f'{err:.2e}'} | {a['compared_with']} "
+                     f"({a['windows_compared']} windows) | {'yes' if a['passed'] else '**NO**: ' + a['reason']} |")
+    return lines
 
 
 def _target_section(manifest: dict, target: str, t: dict) -> list[str]:
