@@ -371,9 +371,10 @@ def checked_bundle(out_dir: Path, manifest: dict, recompute_reference: bool, fai
 
 
 def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, log=print,
-             skip: dict | None = None) -> bool:
+             skip: dict | None = None, eager: bool = True) -> bool:
     """Check every artifact of `manifest` (edited in place); write manifest.json and parity_report.md.
-    skip: {format: reason} for formats this machine cannot run (listed in the manifest, never "passed")."""
+    skip: {format: reason} for formats this machine cannot run (listed in the manifest, never "passed").
+    eager: the fp32 eager model may run (check_artifact); False: torch is not imported (--bundle-only)."""
     target = host_target()
     failures = []
     skip = skip or {}
@@ -390,7 +391,8 @@ def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, lo
         if bundle is None:
             result = {"passed": False, "reason": "no valid parity bundle"}
         else:
-            result = check_artifact(out_dir, art, bundle, manifest["unique_weight_bytes"], manifest["tolerances"])
+            result = check_artifact(out_dir, art, bundle, manifest["unique_weight_bytes"], manifest["tolerances"],
+                                    eager=eager)
         art.record_parity(target, result)
         status = "PASS" if result["passed"] else "FAIL"
         log(f"  {status} {art.path:<34} {check_summary(result)} {result.get('reason', '')}".rstrip())
@@ -566,7 +568,7 @@ def main(argv=None, target_main=None) -> int:
         if importlib.util.find_spec("executorch") is None:
             skip["pte"] = "executorch is not installed here"
     print(f"parity check of {a.dir} on {host_target()}{' (bundle only)' if a.bundle_only else ''}")
-    ok = run_gate(a.dir, manifest, recompute_reference=not a.bundle_only, skip=skip)
+    ok = run_gate(a.dir, manifest, recompute_reference=not a.bundle_only, skip=skip, eager=not a.bundle_only)
     return verdict(ok, "", a.dir, manifest["skipped"][host_target()], manifest["failures"])
 
 
