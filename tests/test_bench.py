@@ -110,8 +110,8 @@ def test_adaptive_rows_their_full_depth_program_and_their_own_lead():
         art("hrm.fp32.kv.onnx", "onnx", "kv_cache"), art("hrm.fp32.draft.onnx", "onnx", "draft"),
         art("hrm.fp32.verify.onnx", "onnx", "verify")]}
     jobs = {j.name: j for j in speculative_jobs(Path("out"), manifest, "adaptive")}
-    assert set(jobs) == {"eager", "hrm.fp32.kv.onnx"}  # this .spec.pte predates the skip method's check
-    manifest["artifacts"][1] = art("hrm.fp32.spec.pte", "pte", "speculative", {"adaptive": {"passed": True}})
+    assert set(jobs) == {"eager", "hrm.fp32.kv.onnx"}  # no adaptive check recorded: a .spec.pte without skip
+    manifest["artifacts"][1] = art("hrm.fp32.spec.pte", "pte", "speculative", {"adaptive": {"passed": True, "checked": True}})
     jobs = {j.name: j for j in speculative_jobs(Path("out"), manifest, "adaptive")}
     assert set(jobs) == {"eager", "hrm.fp32.spec.pte", "hrm.fp32.kv.onnx"} and jobs["eager"].label == "eager (adaptive)"
     adaptive = {"mode": "adaptive", "exit_threshold": 0.8, "exit_rate": 0.25}

@@ -136,7 +136,7 @@ def speculative_jobs(out_dir: Path, manifest: dict, mode: str = "speculative") -
     jobs = [DecodeJob(manifest["model"]["arch"], out_dir, "eager", "eager", "fp32", mode=mode)]
     jobs += [DecodeJob(a.path.split(".")[0], out_dir, a.path, a.format, a.precision, mode=mode,
                        passed=passed_here(a)) for a in arts.values() if a.program == "speculative"
-             and (mode != "adaptive" or "adaptive" in (a.parity or {}).get(host_target(), {}))]
+             and (mode != "adaptive" or (a.parity or {}).get(host_target(), {}).get("adaptive", {}).get("checked"))]
     for kv in [a for a in arts.values() if a.program == "kv_cache" and a.format == "onnx" and a.cycles is None]:
         pair = [arts.get(name) for name in speculative_set(kv.path)[1:]]
         if all(pair):

@@ -197,6 +197,11 @@ def adaptive_key(art: Artifact) -> str:
     return "reference/" + reference_name(art.reference if art.precision != "fp32" else "fp32")
 
 
+def not_checked(reason: str) -> dict:
+    """An adaptive check that could not run on an older export: recorded, not failed."""
+    return {"threshold": DEFAULT_EXIT_THRESHOLD, "checked": False, "passed": True, "reason": reason}
+
+
 def adaptive_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance, eager_dir: Path | None) -> dict:
     """Adaptive depth at DEFAULT_EXIT_THRESHOLD over the set's draft / verify / skip, teacher forced on the validation
     windows (prefill, then one decode per token). Its logits are compared, with the artifact's tolerance, with the
@@ -205,7 +210,10 @@ def adaptive_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance, eage
     the eager rule's; its exits must agree with the eager rule's own decisions on >= MIN_DEPTH_AGREEMENT of tokens."""
     windows, p = bundle["windows"], art.prefill_len
     tokens = windows[:, :-1]
-    decoder = AdaptiveDecoder(speculative_decoder(path, art.program), 0, TopProbRule(DEFAULT_EXIT_THRESHOLD))
+    inner = speculative_decoder(path, art.program)
+    if getattr(inner, "skip_method", True) is None:
+        return not_checked("not checked: the program has no skip method (exported before adaptive depth)")
+    decoder = AdaptiveDecoder(inner, 0, TopProbRule(DEFAULT_EXIT_THRESHOLD))
     logits, exited = adaptive_decode_logits(decoder, tokens, p)  # full_depth 0: only the exits are read
     key = adaptive_key(art)
     if eager_dir is not None:
@@ -218,9 +226,8 @@ def adaptive_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance, eage
         rows = np.flatnonzero((exited == eager_exited).all(axis=1))
         what = "the bundle's eager adaptive logits, on the windows whose exits all agree"
     else:
-        return {"threshold": DEFAULT_EXIT_THRESHOLD, "exit_rate": float(exited[:, p:].mean()), "checked": False,
-                "passed": True, "reason": "not checked: the parity bundle has no adaptive reference (re-export) and "
-                                          "no fp32 eager model runs here"}
+        return not_checked("not checked: the parity bundle has no adaptive reference (re-export) and no fp32 eager "
+                           "model runs here")
     agreement = float((exited[:, p:] == eager_exited[:, p:]).mean())
     check = (compare(logits[rows], reference[rows], windows[rows, 1:], tol, what) if len(rows) else
              {"passed": False, "reason": "no window's exits all agree with the eager rule's"})
