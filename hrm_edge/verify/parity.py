@@ -241,6 +241,19 @@ def adaptive_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance, eage
             "tolerance": check.get("tolerance"), "passed": not reasons, "reason": "; ".join(reasons)}
 
 
+def artifact_adaptive(out_dir: Path, art: Artifact, bundle: dict, tol: dict, eager: bool) -> dict:
+    """check_artifact's adaptive_check of a set: with the artifact's own tolerance (vs fp32 eager for fp32, vs its
+    eager reference when quantized), against the fp32 eager model where it may run (eager, torch, the checkpoint in
+    out_dir). A runtime error fails it, as run_artifact's fails the artifact."""
+    own = Tolerance(**tol["fp32_vs_fp32_eager" if art.precision == "fp32" else "int8_vs_int8_reference"])
+    runs_eager = (eager and art.precision == "fp32" and importlib.util.find_spec("torch") is not None
+                  and all((out_dir / f).is_file() for f in ("config.json", "model.safetensors")))
+    try:
+        return adaptive_check(out_dir / art.path, art, bundle, own, out_dir if runs_eager else None)
+    except Exception as e:
+        return {"passed": False, "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
 def greedy_tokens(path: Path, fmt: str, prompt: np.ndarray, n_new: int) -> np.ndarray:
     return np.array(generate(kv_decoder(path, fmt), prompt.tolist(), n_new).tokens, dtype=np.int64)
 
@@ -309,17 +322,8 @@ def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_byt
                   compare(logits, bundle[fp32_key], targets, Tolerance(**tol[f"{art.precision}_vs_fp32_eager"]),
                           fp32_name)]
     reasons = [f"vs {c['reference']}: {c['reason']}" for c in checks if not c["passed"]]
-    adaptive = None
-    if art.program in ADAPTIVE_PROGRAMS:
-        # the artifact's own tolerance: vs fp32 eager (fp32) or vs its own eager reference (quantized)
-        own = Tolerance(**tol["fp32_vs_fp32_eager" if art.precision == "fp32" else "int8_vs_int8_reference"])
-        runs_eager = (eager and art.precision == "fp32" and importlib.util.find_spec("torch") is not None
-                      and all((out_dir / f).is_file() for f in ("config.json", "model.safetensors")))
-        try:
-            adaptive = adaptive_check(path, art, bundle, own, out_dir if runs_eager else None)
-        except Exception as e:  # as run_artifact's: a runtime that cannot run it fails the artifact
-            adaptive = {"passed": False, "reason": f"{type(e).__name__}: {str(e)[:300]}"}
-        reasons += [f"adaptive depth: {adaptive['reason']}"] if not adaptive["passed"] else []
+    adaptive = artifact_adaptive(out_dir, art, bundle, tol, eager) if art.program in ADAPTIVE_PROGRAMS else None
+    reasons += [f"adaptive depth: {adaptive['reason']}"] if adaptive and not adaptive["passed"] else []
     greedy = greedy_check(path, art, bundle, reasons)
     size = path.stat().st_size
     if size > size_limit:
