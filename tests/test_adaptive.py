@@ -283,6 +283,7 @@ def test_onnx_adaptive_equals_eager(onnx_adaptive):
     assert never.depths == [H] * (len(TOKENS) - 2)
 
 
+@pytest.mark.parametrize("onnx_adaptive", [(2, 2)], ids=["H2-L2"], indirect=True)  # its top probabilities straddle 0.8
 def test_parity_adaptive_check(onnx_adaptive, tmp_path):
     """The gate's adaptive check of a verify graph at DEFAULT_EXIT_THRESHOLD: against the eager model with the graph's
     own exits, and against the bundle's stored eager reference (no eager model), both pass with every decision
