@@ -2,6 +2,7 @@
 keys/values taken from the same role's first-cycle ones. The token-by-token eager decoder and the teacher-forced
 all-positions pass must compute the same logits and depths."""
 import dataclasses
+import itertools
 import json
 import shutil
 
@@ -16,11 +17,15 @@ from hrm_edge.errors import UserError
 from hrm_edge.measure.adaptive import MAX_BPB_RATIO, THRESHOLDS, CurvePoint, depth_curve, pick_default, render_curve
 from hrm_edge.measure.evaluate import ProjectText, project_bits
 from hrm_edge.model.checkpoint import HALTING, TOKENIZER, load_halting_head, load_model, save_model
-from hrm_edge.model.eager import EagerAdaptiveDecoder, EagerDecoder
-from hrm_edge.model.lm import HRMLM, HaltingHead, HaltingRule, adaptive_forward, run_first_cycle
-from hrm_edge.runtime.decoders import decode_logits, generate
-from hrm_edge.runtime.manifest import MANIFEST_FORMAT, sha256_file
+from hrm_edge.model.eager import EagerAdaptiveDecoder, EagerDecoder, EagerSpeculativeDecoder
+from hrm_edge.model.lm import HRMLM, HaltingHead, HaltingRule, KVCache, adaptive_forward, run_first_cycle
+from hrm_edge.runtime.adaptive import AdaptiveDecoder, TopProbRule, adaptive_decode_logits
+from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits, generate
+from hrm_edge.runtime.manifest import MANIFEST_FORMAT, Artifact, sha256_file
+from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder
 from hrm_edge.train.halting import fit_head, head_report, train_halting_head
+from hrm_edge.verify.parity import FP32_TOLERANCE, _adaptive_rows, adaptive_check
+from hrm_edge.verify.reference import adaptive_references
 from hrm_edge.train.tokenizer import load_tokenizer
 
 SHIPPED = REPO / "hrm_edge" / "default_model"
@@ -37,12 +42,12 @@ def one_thread():
 TOKENS = [4, 8, 15, 16, 23, 42, 7, 1, 30, 2, 9, 60, 33, 5, 5, 12, 50, 3, 21, 44]
 
 
-def tiny_model(seed: int = 0, H: int = 2, L: int = 2) -> HRMLM:
+def tiny_model(seed: int = 0, H: int = 2, L: int = 2, vocab: int = 64, d: int = 32, sharpen: float = 40.0) -> HRMLM:
     torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_heads=2, H_cycles=H, L_cycles=L, max_seq_len=64, ffn_hidden=64)
+    cfg = ModelConfig(vocab_size=vocab, d_model=d, n_heads=2, H_cycles=H, L_cycles=L, max_seq_len=64, ffn_hidden=2 * d)
     model = HRMLM(cfg).eval()
     with torch.no_grad():  # sharper readouts than the init's, so that top probabilities spread over (0, 1)
-        model.embed.weight.mul_(40.0)
+        model.embed.weight.mul_(sharpen)
         model.block.attn.wo.weight.mul_(20.0)  # and attention that matters, so that copied keys/values show
     return model
 
@@ -192,5 +197,170 @@ def test_complete_exit_threshold(tmp_path, capsys):
         runs[extra[1:]] = (text, last)
     assert runs[("1.5",)][0] == runs[()][0] and "0/11 decode steps exited" in runs[("1.5",)][1]
     assert "11/11 decode steps exited" in runs[("0",)][1]
-    with pytest.raises(UserError, match="--exit-threshold"):
+    with pytest.raises(UserError, match="no fp32 KV-cache onnx program"):
         complete_main(["--artifacts", str(out), "--runtime", "onnx", "--exit-threshold", "0.5", "x"])
+    with pytest.raises(UserError, match="without --speculative"):
+        complete_main(["--artifacts", str(out), "--runtime", "eager", "--adaptive", "--speculative", "x"])
+
+
+def test_complete_exit_threshold_on_the_onnx_graphs(tmp_path, capsys):
+    """complete --runtime onnx --exit-threshold runs the KV, draft and verify graphs: the eager adaptive decoder's text
+    and exits, nothing exiting and everything exiting; the draft graph missing is one error line."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=4096, d_model=64, n_heads=2, H_cycles=2, L_cycles=1, max_seq_len=64, ffn_hidden=128)
+    out = eager_export(tmp_path / "export", HRMLM(cfg).eval())
+    manifest = json.loads((out / "manifest.json").read_text())
+    for path, program in zip(onnx_set(out, load_model(out)), ("kv_cache", "draft", "verify")):
+        art = Artifact.new(path, "onnx", "fp32", program, "onnx_loop", bytes=path.stat().st_size,
+                           sha256=sha256_file(path), parity={"x86_64": {"passed": True}})
+        manifest["artifacts"].append(art.to_json())
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    lines = {}
+    for runtime, threshold in itertools.product(("eager", "onnx"), ("0", "1.5")):
+        assert complete_main(["--artifacts", str(out), "--runtime", runtime, "--max-new-tokens", "12",
+                              "--exit-threshold", threshold, "def f("]) == 0
+        text, last = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
+        lines[runtime, threshold] = (text, last.split("exit >= ")[1].split(",")[0])
+    assert lines["onnx", "0"] == lines["eager", "0"] and lines["onnx", "0"][1] == "0: 11/11 decode steps exited"
+    assert lines["onnx", "1.5"] == lines["eager", "1.5"] and lines["onnx", "1.5"][1] == "1.5: 0/11 decode steps exited"
+    assert lines["onnx", "0"][0] != lines["onnx", "1.5"][0]
+    manifest["artifacts"] = [a for a in manifest["artifacts"] if a["program"] != "draft"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UserError, match="--exit-threshold: no draft graph for hrm.fp32.kv.onnx"):
+        complete_main(["--artifacts", str(out), "--runtime", "onnx", "--adaptive", "x"])
+
+
+# ---- the exported artifacts: ONNX draft + verify graphs, the ExecuTorch program's draft / verify / skip ----
+def spaced_threshold(model) -> float:
+    """Halfway between the two middle top probabilities of the decoded positions (some exit, some do not), checked to
+    sit well clear of both: an ONNX and an eager top probability that differ in the 7th digit take the same decision."""
+    with torch.no_grad():
+        first = run_first_cycle(model, torch.tensor([TOKENS]))
+        scores = HaltingRule(0.0).scores(model, first.output_state(model), first.logits)[0, 2:].sort().values
+    below, above = scores[len(scores) // 2 - 1: len(scores) // 2 + 1].tolist()
+    assert above - below > 2e-4
+    return (below + above) / 2
+
+
+def onnx_model(seed: int, H: int, L: int) -> HRMLM:
+    """tiny_model, with a vocabulary and width large enough that the ONNX exporter keeps the tied head's Transpose
+    (hrm_edge.export.onnx.head_as_gemm rewrites it), sharpened less than the d-32 one, whose decoded positions' top
+    probabilities all round to 1 (no threshold separates them)."""
+    return tiny_model(seed, H, L, vocab=512, d=64, sharpen=12.0)
+
+
+def onnx_set(folder, model):
+    """The model's KV, draft and verify graphs (hrm.fp32.{kv,draft,verify}.onnx) in folder."""
+    from hrm_edge.export.onnx import export_onnx_decode, export_onnx_draft, export_onnx_verify
+
+    return (export_onnx_decode(model, folder / "hrm.fp32.kv.onnx"), export_onnx_draft(model, folder / "hrm.fp32.draft.onnx"),
+            export_onnx_verify(model, folder / "hrm.fp32.verify.onnx"))
+
+
+@pytest.fixture(scope="module", params=[(2, 2), (3, 1)], ids=["H2-L2", "H3-L1"])
+def onnx_adaptive(request, tmp_path_factory):
+    """(model, its KV, draft and verify graphs, a threshold between its decoded positions' top probabilities)."""
+    H, L = request.param
+    model = onnx_model(4, H, L)
+    threshold = spaced_threshold(model)
+    return model, onnx_set(tmp_path_factory.mktemp(f"onnx-h{H}-l{L}"), model), threshold
+
+
+def test_onnx_adaptive_equals_eager(onnx_adaptive):
+    """AdaptiveDecoder over the ONNX draft/verify graphs takes the eager decoder's decisions and computes its logits;
+    with a threshold above 1 it is the plain KV graph."""
+    model, paths, threshold = onnx_adaptive
+    H = model.cfg.H_cycles
+    eager_logits, eager_depths = sequential(model, HaltingRule(threshold), prefill=2)
+    onnx = AdaptiveDecoder(OnnxSpeculativeDecoder(*paths), H, TopProbRule(threshold))
+    logits, exited = adaptive_decode_logits(onnx, np.array([TOKENS]), 2)
+    assert [H] * 2 + onnx.depths == eager_depths and exited[0].tolist() == [d == 1 for d in eager_depths]
+    assert 4 <= eager_depths.count(1) <= len(TOKENS) - 6
+    np.testing.assert_allclose(logits[0], eager_logits, atol=1e-4, rtol=0)
+    never = AdaptiveDecoder(OnnxSpeculativeDecoder(*paths), H, TopProbRule(1.5))
+    full = decode_logits(OnnxDecoder(paths[0]), np.array([TOKENS]), 2)
+    np.testing.assert_allclose(decode_logits(never, np.array([TOKENS]), 2), full, atol=1e-5, rtol=0)
+    assert never.depths == [H] * (len(TOKENS) - 2)
+
+
+@pytest.mark.parametrize("onnx_adaptive", [(2, 2)], ids=["H2-L2"], indirect=True)  # its top probabilities straddle 0.8
+def test_parity_adaptive_check(onnx_adaptive, tmp_path):
+    """The gate's adaptive check of a verify graph at DEFAULT_EXIT_THRESHOLD: against the eager model with the graph's
+    own exits, and against the bundle's stored eager reference (no eager model), both pass with every decision
+    agreeing; a stored reference with other decisions, or of another model, fails it."""
+    model, paths, _ = onnx_adaptive
+    save_model(tmp_path, model)
+    windows = np.array([TOKENS + [9], TOKENS[::-1] + [3], [t * 3 % 64 for t in TOKENS] + [1]], dtype=np.int64)
+    art = Artifact.new(paths[2], "onnx", "fp32", "verify", "onnx_loop", prefill_len=3)
+    stored = {f"reference/{k}": v for k, v in adaptive_references(model, "fp32", windows[:, :-1], 3).items()}
+    bundle = {"windows": windows} | stored
+    eager = adaptive_check(paths[2], art, bundle, FP32_TOLERANCE, tmp_path)
+    offline = adaptive_check(paths[2], art, bundle, FP32_TOLERANCE, None)
+    for r in (eager, offline):
+        assert r["passed"] and r["depth_agreement"] == 1.0 and r["windows_compared"] == 3, r
+        assert 0.1 < r["exit_rate"] == r["eager_exit_rate"] < 0.9
+        assert r["max_abs_logit_error"] < 1e-4
+    assert "artifact's exits" in eager["compared_with"] and "agree" in offline["compared_with"]
+    art.record_parity("x86_64", {"passed": True, "adaptive": offline})
+    row = f"| hrm.fp32.verify.onnx | x86_64 | {offline['exit_rate']:.3f} | {offline['eager_exit_rate']:.3f} | 1.0000 |"
+    assert row in "\n".join(_adaptive_rows({"artifacts": [art]}))
+    flipped = stored["reference/adaptive/fp32/exited"].copy()
+    flipped[:, 3:5] = ~flipped[:, 3:5]
+    r = adaptive_check(paths[2], art, bundle | {"reference/adaptive/fp32/exited": flipped}, FP32_TOLERANCE, None)
+    assert not r["passed"] and r["depth_agreement"] < 0.99 and "no window" in r["reason"]
+    other = {f"reference/{k}": v for k, v in adaptive_references(onnx_model(7, model.cfg.H_cycles, model.cfg.L_cycles), "fp32", windows[:, :-1], 3).items()}
+    assert not adaptive_check(paths[2], art, {"windows": windows} | other, FP32_TOLERANCE, None)["passed"]
+
+
+def test_onnx_skip_fills_the_slots_as_copy_first_cycle(tmp_path):
+    """After a prefill, a draft and skip(), the ONNX decoder's deeper cache slots hold what the eager KVCache holds
+    after copy_first_cycle: at the skipped position, slot t = slot t mod (L + 1)."""
+    model = onnx_model(5, H=3, L=1)
+    onnx, eager = OnnxSpeculativeDecoder(*onnx_set(tmp_path, model)), EagerSpeculativeDecoder(model)
+    for dec in (onnx, eager):
+        dec.reset()
+        dec.prefill(np.array(TOKENS[:6]))
+        dec.draft(TOKENS[6])
+        dec.skip()
+        dec.commit(1)
+    cache, per_cycle = eager.form.cache, model.cfg.L_cycles + 1
+    for i, t in enumerate(range(per_cycle, model.cfg.n_steps)):
+        for name, rest in zip("kv", onnx.rest):
+            np.testing.assert_allclose(rest[i, :, :, :7], getattr(cache, f"{name}_{t}")[:, :, :7].numpy(), atol=1e-5)
+            np.testing.assert_array_equal(rest[i, :, :, 6], onnx.first["kv".index(name)][t % per_cycle, :, :, 6])
+    assert onnx.rest[0].shape[3] == onnx.first[0].shape[3] == 7 and onnx.pos == eager.pos == 7
+
+
+def test_executorch_cache_copy_first_cycle_equals_kv_cache():
+    """ExecuTorchKVCache.copy_first_cycle (narrow + llama::update_cache, layout [B, L, H, hd]) moves what
+    KVCache.copy_first_cycle moves ([B, H, L, hd])."""
+    from hrm_edge.export.executorch import ExecuTorchKVCache
+
+    cfg = tiny_model(0, H=3, L=1).cfg
+    et, kv = ExecuTorchKVCache(cfg, cfg.n_steps), KVCache(cfg)
+    torch.manual_seed(6)
+    for name, buf in et.named_buffers():
+        buf.copy_(torch.randn(buf.shape))
+        getattr(kv, name).copy_(buf.transpose(1, 2))
+    steps = range(2, cfg.n_steps)
+    et.copy_first_cycle(torch.tensor([9]), steps, 2)
+    kv.copy_first_cycle(torch.tensor([9]), steps, 2)
+    for name, buf in et.named_buffers():
+        assert torch.equal(buf.transpose(1, 2), getattr(kv, name)), name
+    assert torch.equal(et.k_4[:, 9], et.k_0[:, 9]) and not torch.equal(et.k_4[:, 8], et.k_0[:, 8])
+
+
+@pytest.mark.slow
+def test_pte_adaptive_equals_eager(tmp_path):
+    """The speculative ExecuTorch program's skip method: adaptive decoding over draft / verify / skip takes the eager
+    decoder's decisions and computes its logits."""
+    from hrm_edge.export.executorch import export_pte_speculative
+
+    model = onnx_model(4, 2, 2)
+    threshold = spaced_threshold(model)
+    eager_logits, eager_depths = sequential(model, HaltingRule(threshold), prefill=2)
+    pte = AdaptiveDecoder(PteSpeculativeDecoder(export_pte_speculative(model, tmp_path / "hrm.fp32.spec.pte", 0, 1)),
+                          2, TopProbRule(threshold))
+    logits, _ = adaptive_decode_logits(pte, np.array([TOKENS]), 2)
+    assert [2] * 2 + pte.depths == eager_depths and 4 <= eager_depths.count(1)
+    np.testing.assert_allclose(logits[0], eager_logits, atol=1e-4, rtol=0)

@@ -3,7 +3,8 @@ import torch
 
 from pathlib import Path
 
-from hrm_edge.measure.bench import add_decode_ratios, lead_rows, render_peer_ratios, speculative_jobs
+from hrm_edge.measure.bench import (add_adaptive_speedups, add_decode_ratios, lead_rows, mode_words, render_peer_ratios,
+                                   speculative_jobs)
 from hrm_edge.runtime.manifest import Artifact
 from hrm_edge.verify.parity import host_target
 from hrm_edge.config import ModelConfig
@@ -96,3 +97,36 @@ def test_speculative_rows_for_the_executorch_program_and_the_onnx_set():
     assert (pte.format, pte.draft, pte.verify, pte.label) == ("pte", "", "", "hrm.fp32.spec.pte (speculative)")
     assert jobs["hrm.fp32.kv.onnx"].draft == "hrm.fp32.draft.onnx" and jobs["hrm.fp32.kv.onnx"].passed
     assert pte.passed is False  # timed, but never the lead
+
+
+def test_adaptive_rows_their_full_depth_program_and_their_own_lead():
+    """Adaptive depth runs the speculative sets with --exit-threshold (a .pte only where the gate checked its skip
+    method); each row is compared with the same program at full depth; the lead keeps it apart from the exact modes."""
+    def art(path, fmt, program, parity=None):
+        return Artifact.new(path, fmt, "fp32", program, "unrolled", parity={host_target(): {"passed": True} | (parity or {})})
+
+    manifest = {"model": {"arch": "hrm"}, "artifacts": [
+        art("hrm.fp32.kv.pte", "pte", "kv_cache"), art("hrm.fp32.spec.pte", "pte", "speculative"),
+        art("hrm.fp32.kv.onnx", "onnx", "kv_cache"), art("hrm.fp32.draft.onnx", "onnx", "draft"),
+        art("hrm.fp32.verify.onnx", "onnx", "verify")]}
+    jobs = {j.name: j for j in speculative_jobs(Path("out"), manifest, "adaptive")}
+    assert set(jobs) == {"eager", "hrm.fp32.kv.onnx"}  # no adaptive check recorded: a .spec.pte without skip
+    manifest["artifacts"][1] = art("hrm.fp32.spec.pte", "pte", "speculative", {"adaptive": {"passed": True, "checked": True}})
+    jobs = {j.name: j for j in speculative_jobs(Path("out"), manifest, "adaptive")}
+    assert set(jobs) == {"eager", "hrm.fp32.spec.pte", "hrm.fp32.kv.onnx"} and jobs["eager"].label == "eager (adaptive)"
+    adaptive = {"mode": "adaptive", "exit_threshold": 0.8, "exit_rate": 0.25}
+    rows = [row("hrm", "eager", "eager", "fp32", 100.0), row("hrm", "hrm.fp32.kv.pte", "pte", "fp32", 400.0),
+            row("hrm", "hrm.fp32.kv.onnx", "onnx", "fp32", 300.0),
+            row("hrm", "eager", "eager", "fp32", 120.0) | adaptive,
+            row("hrm", "hrm.fp32.spec.pte", "pte", "fp32", 500.0) | adaptive,
+            row("hrm", "hrm.fp32.kv.onnx", "onnx", "fp32", 330.0) | adaptive,
+            row("peer", "llama.fp32.pte", "pte", "fp32", 200.0)]
+    add_decode_ratios(rows)
+    add_adaptive_speedups(rows)
+    assert [(r["full_depth_artifact"], round(r["speedup_vs_full_depth"], 3)) for r in rows[3:6]] == [
+        ("eager", 1.2), ("hrm.fp32.kv.pte", 1.25), ("hrm.fp32.kv.onnx", 1.1)]
+    assert "speedup_vs_full_depth" not in rows[1]
+    assert mode_words(rows[4]) == " adaptive, top prob >= 0.8: 25% exited, 1.25x full depth"
+    lead = lead_rows(rows)
+    assert [(x["mode"], x["ours"], x["ratio"]) for x in lead] == [("full", "hrm.fp32.kv.pte", 2.0),
+                                                                   ("adaptive", "hrm.fp32.spec.pte", 2.5)]

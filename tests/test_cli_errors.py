@@ -88,7 +88,7 @@ COMMANDS = {
     "arm64": ("hrm_edge.verify.arm64_toolchain", "--no-pte"),
     "complete": ("hrm_edge.app.complete", "--artifacts --runtime --precision --max-new-tokens --temperature --top-k "
                  "--top-p --seed --repetition-penalty --no-heal --threads --truncate --no-verify --speculative --draft-len "
-                 "--exit-threshold --verbose"),
+                 "--exit-threshold --adaptive --verbose"),
     "demo": ("hrm_edge.app.demo", "--host --port --no-verify --quiet --verbose --keyboard-bench --keyboard-chars "
                                    "--keyboard-text"),
     "bench": ("hrm_edge.measure.bench", "--threads --seq-len --repeats --prompt-len --new-tokens --no-baseline --peers "

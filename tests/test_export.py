@@ -298,6 +298,16 @@ def test_speculative_graphs_pass_as_a_set(tiny_export):
         if a["precision"] == "fp32":
             assert r["greedy_decode"]["identical_to_eager_fp32"] is True
             assert r["checks"][0]["max_abs_logit_error"] < 1e-4 * r["checks"][0]["logit_range"]
+    # adaptive depth, once per set: exits as the eager rule's, logits within the artifact's own tolerance
+    for a in [a for a in spec if a["program"] in ("verify", "speculative")]:
+        r = next(iter(a["parity"].values()))["adaptive"]
+        assert r["checked"] and r["passed"] and r["depth_agreement"] >= 0.99 and r["threshold"] == 0.8, (a["path"], r)
+        assert r["windows_compared"] >= 1 and r["max_abs_logit_error"] <= r["tolerance"]["max_abs_logit_error"]
+        assert ("artifact's exits" if a["precision"] == "fp32" else "bundle's") in r["compared_with"]
+    assert not [a for a in spec if a["program"] == "draft" and "adaptive" in next(iter(a["parity"].values()))]
+    with np.load(tiny_export / "parity_bundle.npz") as bundle:
+        assert {"reference/adaptive/fp32/exited", "reference/adaptive/hrm.int8-dynamic.kv.pte/logits",
+                "reference/adaptive/hrm.int8-static-perstep.onnx/logits"} <= set(bundle.files)
     draft = onnx.load(str(tiny_export / "hrm.fp32.draft.onnx"))
     verify = onnx.load(str(tiny_export / "hrm.fp32.verify.onnx"))
     assert [o.name for o in draft.graph.output] == ["logits", "state", "present_k", "present_v"]

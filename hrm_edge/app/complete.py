@@ -23,6 +23,7 @@ from pathlib import Path
 from hrm_edge.errors import UserError, first_line, run_cli
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
+from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder, TopProbRule
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, Sampling, generate
 from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY, heal_prompt, token_bytes
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder,
@@ -40,21 +41,22 @@ def pick_artifact(manifest: dict, runtime: str, precision: str, program: str = "
     candidates = [a for a in kv if a.precision == precision]
     if not candidates:
         have = sorted({a.precision for a in kv})
-        what = {"kv_cache": "KV-cache", "speculative": "self-speculative (--speculative)"}[program]
+        what = {"kv_cache": "KV-cache", "speculative": "self-speculative (--speculative, --exit-threshold)"}[program]
         raise UserError(f"no {precision} {what} {fmt} program in this export (have: {', '.join(have) or 'none'}); "
                         f"re-run python -m hrm_edge.export")
     # onnxruntime's weight-only MatMulNBits graphs decode faster than the static int8 ones (docs/quantization.md)
     return min(candidates, key=lambda a: (a.quantization or {}).get("mode") != "nbits")
 
 
-def speculative_graphs(manifest: dict, kv: Artifact) -> list[str]:
-    """The draft and verify graphs that go with the KV graph kv (self-speculative decoding), gate passed."""
+def speculative_graphs(manifest: dict, kv: Artifact, flag: str) -> list[str]:
+    """The draft and verify graphs that go with the KV graph kv (self-speculative decoding, adaptive depth), gate
+    passed; flag: the option that needs them (for the error)."""
     arts = {a.path: a for a in manifest["artifacts"]}
     found = []
     for program, name in zip(("draft", "verify"), speculative_set(kv.path)[1:]):
         art = arts.get(name)
         if art is None:
-            raise UserError(f"--speculative: no {program} graph for {kv.path} in this export; re-run python -m "
+            raise UserError(f"{flag}: no {program} graph for {kv.path} in this export; re-run python -m "
                             "hrm_edge.export")
         if not next(iter((art.parity or {}).values()), {}).get("passed"):
             raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
@@ -62,10 +64,12 @@ def speculative_graphs(manifest: dict, kv: Artifact) -> list[str]:
     return found
 
 
-def files_to_load(manifest: dict, runtime: str, precision: str, speculative: bool = False) -> list[str]:
+def files_to_load(manifest: dict, runtime: str, precision: str, speculative: bool = False, adaptive: bool = False
+                  ) -> list[str]:
     """What `runtime` loads from the export folder, as the manifest names it: the tokenizer, then the KV-cache
-    program (or, for eager, the checkpoint's config and weights), then with speculative its draft and verify
-    graphs (ExecuTorch: the program with draft and verify methods instead). User errors for what the export lacks."""
+    program (or, for eager, the checkpoint's config and weights), then with speculative or adaptive (depth) its draft
+    and verify graphs (ExecuTorch: the program with draft, verify and skip methods instead). User errors for what the
+    export lacks."""
     if "tokenizer" not in manifest:
         raise UserError("the manifest names no tokenizer; re-run python -m hrm_edge.export")
     if runtime == "eager":
@@ -75,17 +79,20 @@ def files_to_load(manifest: dict, runtime: str, precision: str, speculative: boo
         if not {"config", "weights"} <= set(ckpt):
             raise UserError("the manifest names no checkpoint (config, weights); re-run python -m hrm_edge.export")
         return [manifest["tokenizer"]["path"], ckpt["config"], ckpt["weights"]]
-    one_program = speculative and runtime == "executorch"  # its forward, draft and verify methods
+    two_forms = speculative or adaptive  # the first outer cycle and the rest of the depth apart
+    one_program = two_forms and runtime == "executorch"  # its forward, draft, verify and skip methods
     art = pick_artifact(manifest, runtime, precision, "speculative" if one_program else "kv_cache")
     if not next(iter((art.parity or {}).values()), {}).get("passed"):
         raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
-    graphs = speculative_graphs(manifest, art) if speculative and not one_program else []
+    flag = "--speculative" if speculative else "--exit-threshold"
+    graphs = speculative_graphs(manifest, art, flag) if two_forms and not one_program else []
     return [manifest["tokenizer"]["path"], art.path] + graphs
 
 
 def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, speculative: bool = False,
                  exit_threshold: float | None = None):
-    """The decoder of the verified files (files_to_load's order: tokenizer first)."""
+    """The decoder of the verified files (files_to_load's order: tokenizer first); with exit_threshold, adaptive depth
+    (the artifacts: AdaptiveDecoder over their speculative decoder, the top-probability rule)."""
     if runtime == "eager":
         from hrm_edge.model.eager import EagerAdaptiveDecoder, EagerDecoder, EagerSpeculativeDecoder  # torch
         from hrm_edge.model.lm import HaltingRule
@@ -93,12 +100,22 @@ def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, s
         if exit_threshold is not None:
             return EagerAdaptiveDecoder(load_model(out_dir), HaltingRule(exit_threshold), threads)
         return (EagerSpeculativeDecoder if speculative else EagerDecoder)(load_model(out_dir), threads)
+    if exit_threshold is not None:
+        return adaptive_decoder(make_decoder(out_dir, runtime, files, threads, speculative=True),
+                                read_manifest(out_dir)["model"]["H_cycles"], exit_threshold, files[1].name)
     if speculative:
         if runtime == "executorch":
             return PteSpeculativeDecoder(files[1], threads)
         return OnnxSpeculativeDecoder(*files[1:4], threads)
     cls = PteDecoder if runtime == "executorch" else OnnxDecoder
     return cls(files[1], threads)
+
+
+def adaptive_decoder(decoder, full_depth: int, exit_threshold: float, name: str) -> AdaptiveDecoder:
+    """Adaptive depth over an artifact's speculative decoder; a .spec.pte exported before the skip method is refused."""
+    if getattr(decoder, "skip_method", True) is None:
+        raise UserError(f"--exit-threshold: {name} has no skip method (adaptive depth); re-run python -m hrm_edge.export")
+    return AdaptiveDecoder(decoder, full_depth, TopProbRule(exit_threshold))
 
 
 def load_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, verbose: bool, speculative: bool,
@@ -190,8 +207,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-len", type=int, default=DEFAULT_DRAFT_LEN,
                    help=f"--speculative: tokens drafted per verification (default {DEFAULT_DRAFT_LEN})")
     p.add_argument("--exit-threshold", type=float, metavar="P",
-                   help="adaptive depth (--runtime eager): a decoded token stops after the first outer cycle when that "
-                        "cycle's top probability is >= P (P > 1: nothing exits, the full model's text)")
+                   help="adaptive depth: a decoded token stops after the first outer cycle when that cycle's top "
+                        "probability is >= P (P > 1: nothing exits, the full model's text); onnx and executorch run "
+                        "the export's draft and verify programs, which must have passed the parity gate")
+    p.add_argument("--adaptive", action="store_true",
+                   help=f"adaptive depth at the default threshold, --exit-threshold {DEFAULT_EXIT_THRESHOLD:g} (on the "
+                        "shipped model: about a quarter of tokens exit at <= 1.005x the held-out bits per byte)")
     p.add_argument("--verbose", action="store_true",
                    help="show the runtimes' own warnings and log lines (torch, torchao, ExecuTorch's C++ runtime)")
     return p
@@ -212,10 +233,13 @@ def main(argv=None) -> int:
     t_verify = time.perf_counter()
     if not 1 <= a.draft_len <= 16:
         raise UserError("--draft-len must be in 1..16")
-    if a.exit_threshold is not None and (a.runtime != "eager" or a.speculative or not a.exit_threshold >= 0):
-        raise UserError("--exit-threshold must be >= 0, with --runtime eager and without --speculative")
-    files = verify_files(a.artifacts, manifest, files_to_load(manifest, a.runtime, a.precision, a.speculative),
-                         a.no_verify)
+    if a.adaptive and a.exit_threshold is None:
+        a.exit_threshold = DEFAULT_EXIT_THRESHOLD
+    if a.exit_threshold is not None and (a.speculative or not a.exit_threshold >= 0):
+        raise UserError("--exit-threshold (--adaptive) must be >= 0, without --speculative")
+    adaptive = a.exit_threshold is not None
+    files = verify_files(a.artifacts, manifest,
+                         files_to_load(manifest, a.runtime, a.precision, a.speculative, adaptive), a.no_verify)
     verify_ms = 1000 * (time.perf_counter() - t_verify)
     tok = load_tokenizer(files[0])
     ids = tok.encode(prompt, add_special_tokens=False).ids

@@ -11,7 +11,7 @@ Two source transformations before tracing, as ExecuTorch's own Llama export does
   each store the table, so these programs carry it twice; the manifest records it (tied_table_copies) and
   the size rule counts it.
 
-The self-speculative program (export_pte_speculative) is one program with three methods over one set of cache
+The self-speculative program (export_pte_speculative) is one program with four methods over one set of cache
 buffers: exported together, with MemoryPlanningPass(share_mutable_buffers=True), every method places a buffer
 of a given name at the same offset of one shared arena (memory id 2; exir/passes/memory_planning_pass.py,
 run_multimethod). Sharing at run time is the runtime's part: the Python Runtime API gives all methods of a
@@ -31,7 +31,8 @@ import torch
 
 from hrm_edge.io import atomic_write_bytes
 from hrm_edge.export.quantize import dynamic_int4_model, dynamic_int8_model
-from hrm_edge.model.lm import HRMLM, CachedDraftForm, CachedVerifyForm, DecodeForm, TracedForm, cache_steps
+from hrm_edge.model.lm import (HRMLM, CachedDraftForm, CachedSkipForm, CachedVerifyForm, DecodeForm, TracedForm,
+                               cache_steps)
 
 class ExecuTorchKVCache(torch.nn.Module):
     """The KV cache on ExecuTorch's LLM custom ops: one pair of buffers [B, L, H, hd] per block application
@@ -67,6 +68,15 @@ class ExecuTorchKVCache(torch.nn.Module):
         torch.ops.llama.update_cache(k, k_cache, start)
         torch.ops.llama.update_cache(v, v_cache, start)
         return k_cache, v_cache
+
+    def copy_first_cycle(self, input_pos, steps: range, per_cycle: int):
+        """KVCache.copy_first_cycle on these buffers, one position: application t's keys/values at input_pos [1]
+        become those of application t mod per_cycle (a row of that cache, written by llama::update_cache)."""
+        start = self.start_pos(input_pos)
+        for t in steps:
+            for name in ("k", "v"):
+                row = getattr(self, f"{name}_{t % per_cycle}").narrow(1, start, 1)  # [B, 1, H, hd]
+                torch.ops.llama.update_cache(row, getattr(self, f"{name}_{t}"), start)
 
     def attend(self, t: int, positions, q, k, v, mask):
         start = self.start_pos(positions)
@@ -169,13 +179,16 @@ def export_pte_decode(model: HRMLM, path: Path, bos_id: int, eos_id: int, n_cycl
 
 
 def export_pte_speculative(model: HRMLM, path: Path, bos_id: int, eos_id: int) -> Path:
-    """Write export_pte_decode's program plus self-speculative decoding's two methods (hrm_edge.runtime.speculative),
-    all three over the same T cache buffers (one tensor each, shared across methods):
+    """Write export_pte_decode's program plus self-speculative decoding's two methods (hrm_edge.runtime.speculative)
+    and adaptive depth's skip, all four over the same T cache buffers (one tensor each, shared across methods):
         forward(tokens [1, S], input_pos [1]) -> logits [1, S, V]        every application (prefill, decode)
         draft(tokens [1, S], input_pos [1]) -> (logits [1, S, V], state [2, 1, S, D])
                                                the first outer cycle (applications 0..L, their slots)
         verify(tokens [1, S], state [2, 1, S, D], input_pos [1]) -> logits [1, S, V]
                                                applications L + 1 .. T - 1 (their slots) from the drafts' states
+        skip(input_pos [1]) -> input_pos [1]   adaptive depth (hrm_edge.runtime.adaptive): the drafted position exits
+                                               after the first cycle; applications L + 1 .. T - 1's slots there take
+                                               the first cycle's keys/values, slot t <- slot t mod (L + 1)
     `model` may be an int8 model (quantized_for_pte), as for export_pte_decode."""
     cfg = model.cfg
     if cfg.arch != "hrm":
@@ -189,5 +202,6 @@ def export_pte_speculative(model: HRMLM, path: Path, bos_id: int, eos_id: int) -
         "forward": (DecodeForm(model, cache=cache), (tokens, pos), ({1: seq}, None)),
         "draft": (CachedDraftForm(model, cache), (tokens, pos), ({1: seq}, None)),
         "verify": (CachedVerifyForm(model, cache), (tokens, state, pos), ({1: seq}, {2: seq}, None)),
+        "skip": (CachedSkipForm(model, cache), (pos,), None),
     }
     return _lower_methods(methods, cfg, path, bos_id, eos_id, use_kv_cache=True, shared_state=True)

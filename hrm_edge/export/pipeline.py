@@ -55,7 +55,7 @@ from hrm_edge.train.dataset import Corpus, encode_documents, fixed_windows, load
 from hrm_edge.train.loop import train
 from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
 from hrm_edge.verify.parity import load_bundle, perplexity, run_gate, tolerances, write_bundle
-from hrm_edge.verify.reference import eager_logits
+from hrm_edge.verify.reference import adaptive_references, eager_logits
 from hrm_edge.verify.web_bundle import write_web_bundle
 
 DEFAULT_OUT = Path("export/out")
@@ -224,6 +224,9 @@ def export_stages(out: Path, staging: Path, options: ExportOptions, log=print) -
         exported = with_ort(staging, onnx_fp32 + int8 + dial, options, log)
         exported += export_speculative_onnx(staging, prepared, parity, calibration, onnx_fp32 + int8, log)
         exported += wait_for_pte_programs()
+    if any(a.precision == "fp32" and a.program in ("verify", "speculative") for a in exported.artifacts):
+        # adaptive depth's eager reference of the fp32 speculative sets (the gate's where no eager model runs)
+        exported += Made(references=adaptive_references(prepared.model, "fp32", parity.tokens, parity.prefill_len))
     greedy = eager_greedy(prepared, parity, exported, options.cycles)
     write_bundle(staging / BUNDLE, parity.windows, parity.reference, exported.references, greedy)
     artifacts = [with_digest(staging, art) for art in exported.artifacts]
@@ -455,6 +458,8 @@ def export_speculative_onnx(staging: Path, prepared: Prepared, parity: ParitySet
             written += wrote(path, "onnx", "int8", program, "onnx_loop", prefill_len=parity.prefill_len,
                              reference=int8_kv.reference, weight_bytes=int8_kv.weight_bytes,
                              quantization=int8_kv.quantization, mobile_usability=mobile_usability(path))
+        written += Made(references=adaptive_references(static_int8_reference(model, plan), int8_kv.reference,
+                                                       parity.tokens, parity.prefill_len))
     written += nbits_speculative_onnx(staging, model, parity, made)
     log(f"[export] wrote {len(written.artifacts)} ONNX graphs in {time.perf_counter() - t:.0f} s")
     return written
@@ -467,11 +472,13 @@ def nbits_speculative_onnx(staging: Path, model: HRMLM, parity: ParitySet, made:
     for kv in [a for a in made.artifacts if a.program == "kv_cache" and (a.quantization or {}).get("mode") == "nbits"]:
         bits = int(kv.precision.removeprefix("int"))
         for program, name in zip(("draft", "verify"), speculative_set(kv.path)[1:]):
-            path, _ = quantize_nbits(staging / artifact_name("hrm", "fp32", "onnx", program), staging / name, model,
-                                     bits, NBITS_BLOCK[bits])
+            path, weights = quantize_nbits(staging / artifact_name("hrm", "fp32", "onnx", program), staging / name,
+                                           model, bits, NBITS_BLOCK[bits])
             written += wrote(path, "onnx", kv.precision, program, "onnx_loop", prefill_len=parity.prefill_len,
                              reference=kv.reference, weight_bytes=kv.weight_bytes, quantization=kv.quantization,
                              mobile_usability=mobile_usability(path))
+        written += Made(references=adaptive_references(nbits_reference(model, weights, NBITS_BLOCK[bits]), kv.reference,
+                                                       parity.tokens, parity.prefill_len))
     return written
 
 
@@ -677,6 +684,8 @@ def build_pte_programs(model_dir: Path, staging: Path, jobs: list[PteJob], token
                 # batch 1 as the program runs; per-token dynamic scales make prefill + decode equal the full sequence
                 references[job.name] = np.concatenate([eager_logits(lambda x: qmodel(x, n_cycles=job.n_cycles),
                                                                     tokens[i : i + 1]) for i in range(len(tokens))])
+            if job.program == "speculative":
+                references |= adaptive_references(qmodel, job.reference or job.name, tokens, prefill_len, batch_size=1)
         results.append((Artifact.new(path, "pte", job.precision, job.program, "unrolled", **optional), references))
         print(f"[export] wrote {job.name} in {time.perf_counter() - t:.0f} s", flush=True)
     return results

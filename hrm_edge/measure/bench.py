@@ -41,6 +41,7 @@ from hrm_edge.quiet import quiet_third_party
 from hrm_edge.measure.peers import PeerShape, build_peers, require_peer_extra
 from hrm_edge.model.checkpoint import save_model
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
+from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD
 from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN as DRAFT_LEN
 from hrm_edge.runtime.speculative import speculative_set
 from hrm_edge.runtime.xnnpack_options import child_flags, weight_cache_enabled
@@ -104,37 +105,42 @@ class DecodeJob:
     precision: str  # "fp32" | "int8" | "int4" (for peers: "8da4w" counts as int4)
     full_depth: bool = True  # False: a depth-dial program (fewer outer cycles), never compared with a peer
     passed: bool = True  # our artifact's parity verdict on this host: only a passing one leads the peer table
-    mode: str = "full"  # "full" or "speculative" (exact: the first cycle drafts, the full depth verifies)
-    draft: str = ""  # speculative ONNX: the draft and verify graphs beside `name` (a .pte program holds both)
+    # "full"; "speculative" (exact: the first cycle drafts, the full depth verifies); "adaptive" (not exact: a token
+    # whose first-cycle top probability is >= DEFAULT_EXIT_THRESHOLD exits there, hrm_edge.runtime.adaptive)
+    mode: str = "full"
+    draft: str = ""  # speculative and adaptive ONNX: the draft and verify graphs beside `name` (a .pte holds both)
     verify: str = ""
 
     def measure(self, t: DecodeTiming, verbose: bool = False) -> dict:
         kind = "peer-decode" if self.model == "peer" else "decode"
         graphs = ("--draft", self.draft, "--verify", self.verify) if self.draft else ()
-        extra = () if self.mode == "full" else ("--draft-len", DRAFT_LEN, *graphs)
+        flag = {"full": (), "speculative": ("--draft-len", DRAFT_LEN), "adaptive": ("--exit-threshold",
+                                                                                   DEFAULT_EXIT_THRESHOLD)}[self.mode]
+        extra = (*flag, *graphs) if flag else ()
         return decode_in_child(kind, self.folder, self.name, t, verbose, tuple(map(str, extra)))
 
     @property
     def label(self) -> str:
-        return self.name + (" (speculative)" if self.mode == "speculative" else "")
+        return self.name + (f" ({self.mode})" if self.mode != "full" else "")
 
 
 def passed_here(a: Artifact) -> bool:
     return (a.parity or {}).get(host_target(), {}).get("passed", False)
 
 
-def speculative_jobs(out_dir: Path, manifest: dict) -> list[DecodeJob]:
-    """Self-speculative decoding of the eager model, of each ExecuTorch program with draft and verify methods,
-    and of each full-depth ONNX KV graph that has a draft and a verify graph of its precision (it passes where all
-    three passed)."""
+def speculative_jobs(out_dir: Path, manifest: dict, mode: str = "speculative") -> list[DecodeJob]:
+    """Self-speculative decoding (or adaptive depth, mode "adaptive") of the eager model, of each ExecuTorch program
+    with draft and verify methods (adaptive: where the gate checked its skip method), and of each full-depth ONNX KV
+    graph that has a draft and a verify graph of its precision (it passes where all three passed)."""
     arts = {a.path: a for a in manifest["artifacts"]}
-    jobs = [DecodeJob(manifest["model"]["arch"], out_dir, "eager", "eager", "fp32", mode="speculative")]
-    jobs += [DecodeJob(a.path.split(".")[0], out_dir, a.path, a.format, a.precision, mode="speculative",
-                       passed=passed_here(a)) for a in arts.values() if a.program == "speculative"]
+    jobs = [DecodeJob(manifest["model"]["arch"], out_dir, "eager", "eager", "fp32", mode=mode)]
+    jobs += [DecodeJob(a.path.split(".")[0], out_dir, a.path, a.format, a.precision, mode=mode,
+                       passed=passed_here(a)) for a in arts.values() if a.program == "speculative"
+             and (mode != "adaptive" or (a.parity or {}).get(host_target(), {}).get("adaptive", {}).get("checked"))]
     for kv in [a for a in arts.values() if a.program == "kv_cache" and a.format == "onnx" and a.cycles is None]:
         pair = [arts.get(name) for name in speculative_set(kv.path)[1:]]
         if all(pair):
-            jobs.append(DecodeJob(kv.path.split(".")[0], out_dir, kv.path, kv.format, kv.precision, mode="speculative",
+            jobs.append(DecodeJob(kv.path.split(".")[0], out_dir, kv.path, kv.format, kv.precision, mode=mode,
                                   passed=all(passed_here(a) for a in (kv, *pair)), draft=pair[0].path,
                                   verify=pair[1].path))
     return jobs
@@ -147,7 +153,7 @@ def decode_jobs(out_dir: Path, manifest: dict, baseline: bool, peers: bool, log=
     jobs = [DecodeJob(arch, out_dir, "eager", "eager", "fp32")] + [
         DecodeJob(arch, out_dir, a.path, a.format, a.precision, a.cycles is None, passed=passed_here(a))
         for a in manifest["artifacts"] if a.program == "kv_cache"]
-    jobs += speculative_jobs(out_dir, manifest) if arch == "hrm" else []
+    jobs += speculative_jobs(out_dir, manifest) + speculative_jobs(out_dir, manifest, "adaptive") if arch == "hrm" else []
     if baseline:
         base = export_baseline(out_dir, manifest, log)
         jobs += [DecodeJob("baseline", base, "eager", "eager", "fp32")] + [
@@ -181,6 +187,7 @@ def run_decode_bench(out_dir: Path, timing: DecodeTiming, baseline: bool, peers:
                            "decode_tokens_per_s_rounds": [m["decode_tokens_per_s"] for m in runs],
                            "bytes": (job.folder / job.name).stat().st_size if job.name != "eager" else None})
     add_decode_ratios(rows)
+    add_adaptive_speedups(rows)
     return {"prompt_len": timing.prompt_len, "new_tokens": timing.new_tokens, "rounds": timing.rounds,
             "weight_cache": timing.weight_cache, "prompts": "text", "draft_len": DRAFT_LEN, "rows": rows,
             "lead": lead_rows(rows)}
@@ -211,6 +218,22 @@ def add_decode_ratios(rows: list[dict]) -> None:
         if peer and row.get("full_depth", True):  # the depth dial runs fewer block applications: not a peer's match
             row["peer"] = peer["artifact"]
             row["decode_vs_peer"] = row["decode_tokens_per_s"] / peer["decode_tokens_per_s"]
+
+
+def full_depth_program(artifact: str) -> str:
+    """The program an adaptive row is compared with: the same program at full depth, the plain KV program of its
+    format and precision (an ONNX set's row is named by its KV graph; hrm.fp32.spec.pte -> hrm.fp32.kv.pte)."""
+    return artifact.replace(".spec.pte", ".kv.pte")
+
+
+def add_adaptive_speedups(rows: list[dict]) -> None:
+    """Each adaptive row's decode speed against the same program's at full depth (speedup_vs_full_depth)."""
+    full = {(r["model"], r["artifact"]): r for r in rows if r.get("mode", "full") == "full"}
+    for row in rows:
+        base = full.get((row["model"], full_depth_program(row["artifact"]))) if row.get("mode") == "adaptive" else None
+        if base:
+            row["full_depth_artifact"] = base["artifact"]
+            row["speedup_vs_full_depth"] = row["decode_tokens_per_s"] / base["decode_tokens_per_s"]
 
 
 ORT_DYNAMIC_BASELINE = "baseline/" + artifact_name("hrm", "int8-ortdynamic", "onnx")
@@ -314,16 +337,29 @@ def render_decode_table(result: dict) -> str:
         b = f"{r['bytes']:,}" if r.get("bytes") else "–"
         vb = f"{r['decode_vs_baseline']:.2f}x" if "decode_vs_baseline" in r else "–"
         vp = f"{r['decode_vs_peer']:.2f}x ({r['peer']})" if "decode_vs_peer" in r else "–"
-        program = r["artifact"] + (f" speculative k={r['draft_len']}, {r['acceptance']:.0%} kept"
-                                   if r.get("mode") == "speculative" else "")
+        program = r["artifact"] + mode_words(r)
         lines.append(f"| {r['model']} | {program} | {b} | {r['load_s']:.2f} | {r['ttft_ms']:.1f} | "
                      f"{r['prefill_tokens_per_s']:.0f} | {r['decode_tokens_per_s']:.0f} | {r['decode_vs_eager_fp32']:.2f}x | "
                      f"{vb} | {vp} | {r['peak_rss_mb']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
+MODES = ("full", "speculative", "adaptive")  # decode modes, in the order the tables list them
+
+
+def mode_words(r: dict) -> str:
+    """What a decode row's mode adds to its program's name."""
+    if r.get("mode") == "speculative":
+        return f" speculative k={r['draft_len']}, {r['acceptance']:.0%} kept"
+    if r.get("mode") == "adaptive":
+        vs = f", {r['speedup_vs_full_depth']:.2f}x full depth" if "speedup_vs_full_depth" in r else ""
+        return f" adaptive, top prob >= {r['exit_threshold']:g}: {r['exit_rate']:.0%} exited{vs}"
+    return ""
+
+
 def lead_rows(rows: list[dict]) -> list[dict]:
-    """Per runtime, precision class and mode ("full"; "speculative": exact, the full model's tokens), our fastest
+    """Per runtime, precision class and mode ("full"; "speculative": exact, the full model's tokens; "adaptive": not
+    exact, <= 1.005x held-out bits per byte at the default threshold), our fastest
     program that passed its parity gate (what an export ships) against the peer of that runtime and class."""
     best: dict = {}
     for r in rows:
@@ -337,11 +373,11 @@ def lead_rows(rows: list[dict]) -> list[dict]:
              "ours_tokens_per_s": r["decode_tokens_per_s"], "peer": peer,
              "peer_tokens_per_s": peers[peer]["decode_tokens_per_s"], "ratio": r["decode_vs_peer"],
              "ours_bytes": r["bytes"], "peer_bytes": peers[peer]["bytes"]}
-            for (peer, fp32, mode), r in sorted(best.items(), key=lambda kv: (kv[0][2] != "full", kv[0][:2]))]
+            for (peer, fp32, mode), r in sorted(best.items(), key=lambda kv: (MODES.index(kv[0][2]), kv[0][:2]))]
 
 
 def render_peer_ratios(result: dict) -> str:
-    """The lead table (lead_rows): exact modes only so far, full depth apart from self-speculative decoding."""
+    """The lead table (lead_rows): full depth, self-speculative decoding and adaptive depth apart."""
     lead = result["decode"].get("lead", [])
     if not lead:
         return ""

@@ -6,6 +6,7 @@ starts it; bench, peers and study read the line).
     python -m hrm_edge.measure.child forward DIR ARTIFACT --threads 1 --seq-len 128 --repeats 10
     python -m hrm_edge.measure.child decode DIR hrm.fp32.kv.onnx --draft hrm.fp32.draft.onnx \
         --verify hrm.fp32.verify.onnx --draft-len 4 ...       # self-speculative (eager, .pte: --draft-len alone)
+    python -m hrm_edge.measure.child decode DIR hrm.fp32.spec.pte --exit-threshold 0.8 ...   # adaptive depth
 
 decode: a KV-cache program of ours (DIR/ARTIFACT, .onnx, .ort or .pte), or ARTIFACT "eager": the eager model
 of the checkpoint or export folder DIR with its KV cache; peer-decode: a built peer (hrm_edge.measure.peers);
@@ -26,6 +27,7 @@ from hrm_edge.errors import UserError, run_cli
 from hrm_edge.measure.harness import DecodeTiming, measure_decode, measure_forward
 from hrm_edge.measure.peers import peer_decoder
 from hrm_edge.model.checkpoint import load_model
+from hrm_edge.runtime.adaptive import AdaptiveDecoder, TopProbRule, generate_adaptive
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, generate, ort_session
 from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder, generate_speculative
 from hrm_edge.runtime.manifest import read_manifest
@@ -59,6 +61,17 @@ def open_speculative_decoder(folder: Path, artifact: str, draft: str, verify: st
     if not (draft and verify):
         raise UserError("a speculative ONNX timing needs --draft and --verify")
     return OnnxSpeculativeDecoder(folder / artifact, folder / draft, folder / verify, t.threads)
+
+
+def open_adaptive_decoder(folder: Path, artifact: str, draft: str, verify: str, t: DecodeTiming, threshold: float):
+    """Adaptive depth (top-probability rule) over open_speculative_decoder's decoder; the eager model's own."""
+    if artifact == "eager":
+        from hrm_edge.model.eager import EagerAdaptiveDecoder  # torch: only the eager child loads it
+        from hrm_edge.model.lm import HaltingRule
+
+        return EagerAdaptiveDecoder(load_model(folder), HaltingRule(threshold), t.threads)
+    inner = open_speculative_decoder(folder, artifact, draft, verify, t)
+    return AdaptiveDecoder(inner, read_manifest(folder)["model"]["H_cycles"], TopProbRule(threshold))
 
 
 def open_decoder(kind: str, folder: Path, artifact: str, t: DecodeTiming):
@@ -132,6 +145,9 @@ def main(argv=None) -> int:
     p.add_argument("--draft", default="", help="decode, speculative ONNX: the draft graph's file name in DIR "
                                                "(a .pte program has draft and verify methods)")
     p.add_argument("--verify", default="", help="decode, speculative ONNX: the verify graph's file name in DIR")
+    p.add_argument("--exit-threshold", type=float, default=None,
+                   help="decode: adaptive depth at this top-probability threshold, over the draft and verify graphs "
+                        "(--draft, --verify) or the .pte program's draft, verify and skip methods")
     a = p.parse_args(argv)
     import_before_the_clock(a.kind, a.artifact)
     if a.kind == "forward":
@@ -142,7 +158,11 @@ def main(argv=None) -> int:
     else:
         t = DecodeTiming(a.threads, a.prompt_len, a.new_tokens, a.repeats, weight_cache=not a.no_weight_cache,
                          prompts=a.prompts)
-        if a.draft_len:
+        if a.exit_threshold is not None:
+            row = measure_decode(lambda: open_adaptive_decoder(a.dir, a.artifact, a.draft, a.verify, t, a.exit_threshold),
+                                 a.artifact, t, generate_adaptive)
+            row["exit_threshold"] = a.exit_threshold
+        elif a.draft_len:
             row = measure_decode(lambda: open_speculative_decoder(a.dir, a.artifact, a.draft, a.verify, t),
                                  a.artifact, t, functools.partial(generate_speculative, draft_len=a.draft_len))
             row["draft_len"] = a.draft_len

@@ -178,7 +178,7 @@ def decode_in_child(kind: str, folder: Path, artifact: str, t: DecodeTiming, ver
                     extra: tuple = ()) -> dict:
     """One decode measurement (measure_decode) of folder/artifact in a fresh child. kind: "decode" (ours, or
     artifact "eager": the eager model of folder) or "peer-decode" (hrm_edge.measure.peers' programs); extra: the
-    child's speculative flags (--draft-len, --draft, --verify)."""
+    child's speculative or adaptive flags (--draft-len or --exit-threshold, --draft, --verify)."""
     return run_child([kind, folder, artifact, *t.child_args(), *extra], t.threads, verbose)
 
 
@@ -186,7 +186,8 @@ def measure_decode(open_decoder: Callable[[], Decoder], artifact: str, t: Decode
                    generate_fn: Callable = generate) -> dict:
     """Load time includes a one-token prefill (lazy initialisation: weight packing), then `repeats` runs of a
     prompt_len prompt (t.prompts' rows in turn, else random ids) + new_tokens greedy tokens; medians. The caller
-    has done the imports. generate_fn: generate, or a speculative decoder's generate_speculative."""
+    has done the imports. generate_fn: generate, a speculative decoder's generate_speculative, or an adaptive
+    decoder's generate_adaptive."""
     t0 = time.perf_counter()
     decoder = open_decoder()
     vocab = decoder.prefill(np.zeros(1, dtype=np.int64)).shape[-1]
@@ -200,6 +201,8 @@ def measure_decode(open_decoder: Callable[[], Decoder], artifact: str, t: Decode
            "weight_cache": t.weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3,
            "prefill_tokens_per_s": t.prompt_len / prefill_s, "decode_tokens_per_s": decode,
            "peak_rss_mb": peak_rss_mb(), "prompts": "text" if t.prompts else "random"}
+    if hasattr(runs[0], "exit_rate"):  # adaptive depth: decoded tokens that exited after the first cycle
+        row["exit_rate"] = statistics.median(g.exit_rate for g in runs)
     if hasattr(runs[0], "acceptance"):  # speculative: how often the first cycle's draft was kept
         row |= {"acceptance": statistics.median(g.acceptance for g in runs),
                 "tokens_per_round": statistics.median(g.tokens_per_round for g in runs)}

@@ -6,6 +6,7 @@ import torch
 
 from hrm_edge.model.lm import (CachedDraftForm, CachedVerifyForm, DecodeForm, FunctionalDecodeForm, HaltingRule,
                                check_adaptive, empty_cache)
+from hrm_edge.runtime.adaptive import AdaptiveDecoder
 
 
 class EagerDecoder:
@@ -81,38 +82,33 @@ class EagerSpeculativeDecoder(EagerDecoder):
         with torch.no_grad():
             return self.verify_form(tokens, states, torch.tensor([self.pos]))[0].numpy()
 
+    def skip(self) -> None:
+        """The pending positions exit after the first cycle (adaptive depth): their slots of applications L + 1 ..
+        T - 1 take the same role's first-cycle keys/values (KVCache.copy_first_cycle)."""
+        positions = torch.arange(self.pos, self.pos + len(self.pending))
+        self.form.cache.copy_first_cycle(positions, self.verify_form.steps, self.form.model.cfg.L_cycles + 1)
+
     def commit(self, n: int) -> None:
         self.pos += n
         self.pending = []
 
 
-class EagerAdaptiveDecoder(EagerDecoder):
-    """EagerDecoder with adaptive depth: the prefill runs every cycle; a decode step runs the first outer cycle
-    (CachedDraftForm), then, when `rule` says so, exits with that cycle's readout and fills the skipped applications'
-    cache slots from the same role's first-cycle ones (KVCache.copy_first_cycle), else runs the rest
-    (CachedVerifyForm). depths: the outer cycles each decoded token ran."""
+class EagerAdaptiveDecoder(AdaptiveDecoder):
+    """The eager model with adaptive depth (hrm_edge.runtime.adaptive.AdaptiveDecoder over EagerSpeculativeDecoder):
+    the prefill runs every cycle; a decode step runs the first outer cycle, then, when `rule` says so, exits with
+    that cycle's readout and fills the skipped applications' cache slots from the same role's first-cycle ones, else
+    runs the rest. The rule may be the top probability or the halting head (which reads the first cycle's state).
+    depths: the outer cycles each decoded token ran."""
 
     def __init__(self, model, rule: HaltingRule, threads: int = 0):
         check_adaptive(model.cfg)
-        super().__init__(model, threads)
+        inner = EagerSpeculativeDecoder(model, threads)
+
+        def exits(logits: np.ndarray) -> bool:  # logits [V] of the pending position's first cycle
+            state = inner.pending[-1][1]  # [2, 1, 1, D]
+            with torch.no_grad():
+                z = model.final_state(state[0], state[1])
+                return bool(rule.exits(model, z, torch.from_numpy(logits)[None, None]).item())
+
+        super().__init__(inner, model.cfg.H_cycles, exits)
         self.rule = rule
-        self.first_cycle = CachedDraftForm(self.form.model, self.form.cache)
-        self.rest = CachedVerifyForm(self.form.model, self.form.cache)
-        self.depths: list[int] = []
-
-    def reset(self):
-        super().reset()
-        self.depths = []
-
-    def decode(self, token: int) -> np.ndarray:  # -> [V]
-        m, tokens, pos = self.form.model, torch.tensor([[token]]), torch.tensor([self.pos])
-        with torch.no_grad():
-            logits, state = self.first_cycle(tokens, pos)  # [1, 1, V], [2, 1, 1, D]
-            if self.rule.exits(m, m.final_state(state[0], state[1]), logits).item():
-                self.form.cache.copy_first_cycle(pos, self.rest.steps, m.cfg.L_cycles + 1)
-                self.depths.append(1)
-            else:
-                logits = self.rest(tokens, state, pos)
-                self.depths.append(m.cfg.H_cycles)
-        self.pos += 1
-        return logits[0, -1].numpy()

@@ -658,6 +658,21 @@ class CachedVerifyForm(nn.Module):
         return m.readout(m.final_state(*m.run_steps(inp, (state[0], state[1]), self.steps)))
 
 
+class CachedSkipForm(nn.Module):
+    """input_pos [1] -> input_pos [1]: the position input_pos exits after the first outer cycle (adaptive depth), so
+    its slots of block applications L + 1 .. T - 1 take the same role's first-cycle keys/values
+    (cache.copy_first_cycle). The ExecuTorch program's "skip" method (a method must return a tensor)."""
+
+    def __init__(self, model: HRMLM, cache: nn.Module):
+        super().__init__()
+        self.cache, self.per_cycle = cache, model.cfg.L_cycles + 1
+        self.steps = range(self.per_cycle, model.cfg.n_steps)
+
+    def forward(self, input_pos):
+        self.cache.copy_first_cycle(input_pos, self.steps, self.per_cycle)
+        return input_pos + 0  # a fresh tensor: returning an input as is, ExecuTorch's emitter sees no output
+
+
 # ---- adaptive depth: a token may exit after the first outer cycle ----
 class HaltingHead(nn.Module):
     """Exit logit [B, S] of a position after the first outer cycle: a linear layer on its normalised state norm(z)

@@ -19,6 +19,9 @@ prefill(tokens [S]) -> full logits [S, V]:
     draft(token) -> the first cycle's logits [V] at the next pending position
     verify() -> the full model's logits [n, V] at the n positions drafted since the last commit
     commit(n)   keeps the first n pending positions and drops the rest
+    skip()      instead of verify(): the pending positions exit after the first cycle (adaptive depth,
+                hrm_edge.runtime.adaptive); the slots of applications L + 1 .. T - 1 take the first cycle's
+                keys/values of the same role, slot t <- slot t mod (L + 1) (KVCache.copy_first_cycle)
 """
 from __future__ import annotations
 
@@ -207,6 +210,13 @@ class OnnxSpeculativeDecoder(OnnxDecoder):
         self.rest = (k, v)
         return logits[0]
 
+    def skip(self) -> None:
+        """The pending positions exit after the first cycle: rest slot i (application L + 1 + i) gets first-cycle slot
+        (L + 1 + i) mod (L + 1) = i mod (L + 1)'s keys/values at those positions, appended as verify() would."""
+        n = len(self.pending_tokens)
+        slots = np.arange(self.rest[0].shape[0]) % self.split  # [T - L - 1]
+        self.rest = tuple(np.concatenate([r, f[slots, :, :, -n:]], axis=3) for r, f in zip(self.rest, self.first))
+
     def commit(self, n: int) -> None:
         self.pos += n
         self.first = tuple(np.ascontiguousarray(c[:, :, :, : self.pos]) for c in self.first)
@@ -226,6 +236,8 @@ class PteSpeculativeDecoder(PteDecoder):
         super().__init__(path, threads, weight_cache)
         self.draft_method = self.program.load_method("draft")
         self.verify_method = self.program.load_method("verify")
+        methods = self.program.method_names
+        self.skip_method = self.program.load_method("skip") if "skip" in methods else None  # older programs lack it
 
     def reset(self):
         super().reset()
@@ -246,6 +258,14 @@ class PteSpeculativeDecoder(PteDecoder):
         logits = self.verify_method.execute([
             t.tensor([self.pending_tokens], dtype=t.int64), state, t.tensor([self.pos], dtype=t.int64)])[0]
         return logits.numpy()[0]
+
+    def skip(self) -> None:
+        """The pending positions exit after the first cycle: the program's "skip" method fills their slots of
+        applications L + 1 .. T - 1 from the first cycle's (ExecuTorchKVCache.copy_first_cycle), one position a call."""
+        if self.skip_method is None:
+            raise ValueError("this speculative program has no skip method (adaptive depth); re-export it")
+        for i in range(len(self.pending_tokens)):
+            self.skip_method.execute([self.torch.tensor([self.pos + i], dtype=self.torch.int64)])
 
     def commit(self, n: int) -> None:
         self.pos += n

@@ -1,7 +1,8 @@
 """The worker that runs INSIDE the emulated ARM64 Python (hrm_edge.verify.arm64_gate starts it under qemu-aarch64).
 
 It checks each artifact against the parity bundle with hrm_edge.verify.parity's runtime side, exactly as on the
-host, and leaves results and logits in a folder the host reads. Its imports are what the emulated Python has:
+host (adaptive depth against the bundle's stored eager reference, never an emulated eager model), and leaves results
+and logits in a folder the host reads. Its imports are what the emulated Python has:
 numpy and onnxruntime (torch and executorch only once a .pte file is checked, inside the parity runtime).
 """
 from __future__ import annotations
@@ -47,7 +48,9 @@ def worker_main(spec_path: str) -> int:
         t0 = time.perf_counter()
         kept = {}
         try:
-            result = check_artifact(out_dir, art, bundle, spec["unique_weight_bytes"], spec["tolerances"], logits_out=kept)
+            # eager=False: adaptive depth is compared with the bundle's stored eager reference (no emulated eager model)
+            result = check_artifact(out_dir, art, bundle, spec["unique_weight_bytes"], spec["tolerances"], logits_out=kept,
+                                    eager=False)
         except Exception as e:  # a failure of one artifact is its result, not the end of the others
             result = {"passed": False,
                       "reason": f"{art.format} error on {spec['target']}: {type(e).__name__}: {str(e)[:300]}"}

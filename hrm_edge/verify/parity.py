@@ -30,6 +30,8 @@ import numpy as np
 
 from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_path, atomic_write_text, sha256_file
+from hrm_edge.runtime.adaptive import (DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder, TopProbRule, adaptive_decode_logits,
+                                      reference_name)
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder,
                                           generate_speculative, speculative_set, teacher_forced_logits)
@@ -185,6 +187,73 @@ def run_artifact(path: Path, art: Artifact, tokens: np.ndarray) -> np.ndarray:
     raise ValueError(f"unknown artifact format {art.format!r}")
 
 
+# ---- adaptive depth (hrm_edge.runtime.adaptive) on a speculative set: once per set, on its verify entry ----
+ADAPTIVE_PROGRAMS = ("verify", "speculative")
+MIN_DEPTH_AGREEMENT = 0.99  # the artifact's exit decisions vs the eager rule's (near-threshold ties may differ)
+
+
+def adaptive_key(art: Artifact) -> str:
+    """The parity bundle's stored eager adaptive reference of an artifact (its /logits and /exited)."""
+    return "reference/" + reference_name(art.reference if art.precision != "fp32" else "fp32")
+
+
+def not_checked(reason: str) -> dict:
+    """An adaptive check that could not run on an older export: recorded, not failed."""
+    return {"threshold": DEFAULT_EXIT_THRESHOLD, "checked": False, "passed": True, "reason": reason}
+
+
+def adaptive_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance, eager_dir: Path | None) -> dict:
+    """Adaptive depth at DEFAULT_EXIT_THRESHOLD over the set's draft / verify / skip, teacher forced on the validation
+    windows (prefill, then one decode per token). Its logits are compared, with the artifact's tolerance, with the
+    eager model's adaptive logits under exactly the artifact's exits (eager_dir: an fp32 artifact's folder, where torch
+    is installed), or else with the bundle's stored eager adaptive logits on the windows whose exits all agree with
+    the eager rule's; its exits must agree with the eager rule's own decisions on >= MIN_DEPTH_AGREEMENT of tokens."""
+    windows, p = bundle["windows"], art.prefill_len
+    tokens = windows[:, :-1]
+    inner = speculative_decoder(path, art.program)
+    if getattr(inner, "skip_method", True) is None:
+        return not_checked("not checked: the program has no skip method (exported before adaptive depth)")
+    decoder = AdaptiveDecoder(inner, 0, TopProbRule(DEFAULT_EXIT_THRESHOLD))
+    logits, exited = adaptive_decode_logits(decoder, tokens, p)  # full_depth 0: only the exits are read
+    key = adaptive_key(art)
+    if eager_dir is not None:
+        from hrm_edge.verify.reference import folder_adaptive  # torch
+
+        reference, eager_exited = folder_adaptive(eager_dir, tokens, p, DEFAULT_EXIT_THRESHOLD, exited)
+        rows, what = np.arange(len(tokens)), "fp32 eager adaptive_logits with the artifact's exits"
+    elif f"{key}/logits" in bundle:
+        reference, eager_exited = bundle[f"{key}/logits"], bundle[f"{key}/exited"]
+        rows = np.flatnonzero((exited == eager_exited).all(axis=1))
+        what = "the bundle's eager adaptive logits, on the windows whose exits all agree"
+    else:
+        return not_checked("not checked: the parity bundle has no adaptive reference (re-export) and no fp32 eager "
+                           "model runs here")
+    agreement = float((exited[:, p:] == eager_exited[:, p:]).mean())
+    check = (compare(logits[rows], reference[rows], windows[rows, 1:], tol, what) if len(rows) else
+             {"passed": False, "reason": "no window's exits all agree with the eager rule's"})
+    reasons = [check["reason"]] if not check["passed"] else []
+    if agreement < MIN_DEPTH_AGREEMENT:
+        reasons.append(f"exit decisions agree with the eager rule's on {agreement:.4f} < {MIN_DEPTH_AGREEMENT} of tokens")
+    return {"threshold": DEFAULT_EXIT_THRESHOLD, "checked": True, "compared_with": what,
+            "windows_compared": int(len(rows)), "exit_rate": float(exited[:, p:].mean()),
+            "eager_exit_rate": float(eager_exited[:, p:].mean()), "depth_agreement": agreement,
+            "max_abs_logit_error": check.get("max_abs_logit_error"), "top1_agreement": check.get("top1_agreement"),
+            "tolerance": check.get("tolerance"), "passed": not reasons, "reason": "; ".join(reasons)}
+
+
+def artifact_adaptive(out_dir: Path, art: Artifact, bundle: dict, tol: dict, eager: bool) -> dict:
+    """check_artifact's adaptive_check of a set: with the artifact's own tolerance (vs fp32 eager for fp32, vs its
+    eager reference when quantized), against the fp32 eager model where it may run (eager, torch, the checkpoint in
+    out_dir). A runtime error fails it, as run_artifact's fails the artifact."""
+    own = Tolerance(**tol["fp32_vs_fp32_eager" if art.precision == "fp32" else "int8_vs_int8_reference"])
+    runs_eager = (eager and art.precision == "fp32" and importlib.util.find_spec("torch") is not None
+                  and all((out_dir / f).is_file() for f in ("config.json", "model.safetensors")))
+    try:
+        return adaptive_check(out_dir / art.path, art, bundle, own, out_dir if runs_eager else None)
+    except Exception as e:
+        return {"passed": False, "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+
+
 def greedy_tokens(path: Path, fmt: str, prompt: np.ndarray, n_new: int) -> np.ndarray:
     return np.array(generate(kv_decoder(path, fmt), prompt.tolist(), n_new).tokens, dtype=np.int64)
 
@@ -213,9 +282,11 @@ def load_bundle(path: Path) -> dict[str, np.ndarray]:
 
 # ---- the gate over an export folder ----
 def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_bytes: int, tol: dict,
-                   logits_out: dict | None = None) -> dict:
-    """Verify one manifest entry: file present, sha256, size rule, numerical parity. Returns parity dict.
-    logits_out: if given, receives the artifact's logits as logits_out["logits"] (to compare two machines)."""
+                   logits_out: dict | None = None, eager: bool = True) -> dict:
+    """Verify one manifest entry: file present, sha256, size rule, numerical parity (and a speculative set's adaptive
+    depth). Returns parity dict. logits_out: if given, receives the artifact's logits as logits_out["logits"] (to
+    compare two machines). eager: the fp32 eager model may run here (where torch is installed) for adaptive depth's
+    reference; otherwise the bundle's stored one."""
     path = out_dir / art.path
     if not path.is_file():
         return {"passed": False, "reason": f"{art.path} is missing"}
@@ -251,6 +322,8 @@ def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_byt
                   compare(logits, bundle[fp32_key], targets, Tolerance(**tol[f"{art.precision}_vs_fp32_eager"]),
                           fp32_name)]
     reasons = [f"vs {c['reference']}: {c['reason']}" for c in checks if not c["passed"]]
+    adaptive = artifact_adaptive(out_dir, art, bundle, tol, eager) if art.program in ADAPTIVE_PROGRAMS else None
+    reasons += [f"adaptive depth: {adaptive['reason']}"] if adaptive and not adaptive["passed"] else []
     greedy = greedy_check(path, art, bundle, reasons)
     size = path.stat().st_size
     if size > size_limit:
@@ -259,6 +332,8 @@ def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_byt
               "checks": checks}
     if greedy is not None:
         result["greedy_decode"] = greedy
+    if adaptive is not None:
+        result["adaptive"] = adaptive
     return result
 
 
@@ -307,9 +382,10 @@ def checked_bundle(out_dir: Path, manifest: dict, recompute_reference: bool, fai
 
 
 def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, log=print,
-             skip: dict | None = None) -> bool:
+             skip: dict | None = None, eager: bool = True) -> bool:
     """Check every artifact of `manifest` (edited in place); write manifest.json and parity_report.md.
-    skip: {format: reason} for formats this machine cannot run (listed in the manifest, never "passed")."""
+    skip: {format: reason} for formats this machine cannot run (listed in the manifest, never "passed").
+    eager: the fp32 eager model may run (check_artifact); False: torch is not imported (--bundle-only)."""
     target = host_target()
     failures = []
     skip = skip or {}
@@ -326,7 +402,8 @@ def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, lo
         if bundle is None:
             result = {"passed": False, "reason": "no valid parity bundle"}
         else:
-            result = check_artifact(out_dir, art, bundle, manifest["unique_weight_bytes"], manifest["tolerances"])
+            result = check_artifact(out_dir, art, bundle, manifest["unique_weight_bytes"], manifest["tolerances"],
+                                    eager=eager)
         art.record_parity(target, result)
         status = "PASS" if result["passed"] else "FAIL"
         log(f"  {status} {art.path:<34} {check_summary(result)} {result.get('reason', '')}".rstrip())
@@ -395,11 +472,34 @@ def _host_section(manifest: dict) -> list[str]:
                   "| artifact | target | new tokens | identical to eager fp32 | matching prefix |", "|---|---|---:|---|---:|"]
         lines += [f"| {p} | {t} | {g['new_tokens']} | {'yes' if g['identical_to_eager_fp32'] else 'no'} | "
                   f"{g['matching_prefix']} |" for p, t, g in greedy]
+    lines += _adaptive_rows(manifest)
     for target, items in manifest.get("skipped", {}).items():
         for item in items:
             lines.append(f"\nNot checked on {target}: {item['path']} ({item['reason']})")
     lines += ["", f"Overall: {'PASSED' if manifest.get('passed') else 'FAILED'}"]
     return lines + [f"- {f}" for f in manifest.get("failures", [])]
+
+
+def _adaptive_rows(manifest: dict) -> list[str]:
+    """The adaptive-depth check of each speculative set (adaptive_check), if any."""
+    found = [(art.path, target, r["adaptive"]) for art in manifest["artifacts"]
+             for target, r in (art.parity or {}).items() if "adaptive" in r]
+    if not found:
+        return []
+    lines = ["", "Adaptive depth (a decoded token exits after the first outer cycle when its top probability is >= "
+             f"{DEFAULT_EXIT_THRESHOLD:g}), each speculative set teacher forced: its exits against the eager rule's, "
+             "its logits against the eager adaptive logits:", "",
+             "| artifact | target | exit rate | eager exit rate | exits agree | max abs err | compared with | passed |",
+             "|---|---|---:|---:|---:|---:|---|---|"]
+    for path, target, a in found:
+        if not a.get("checked", True) or "depth_agreement" not in a:
+            lines.append(f"| {path} | {target} | – | – | – | – | – | {a.get('reason', '')} |")
+            continue
+        err = a["max_abs_logit_error"]
+        lines.append(f"| {path} | {target} | {a['exit_rate']:.3f} | {a['eager_exit_rate']:.3f} | "
+                     f"{a['depth_agreement']:.4f} | {'–' if err is None else f'{err:.2e}'} | {a['compared_with']} "
+                     f"({a['windows_compared']} windows) | {'yes' if a['passed'] else '**NO**: ' + a['reason']} |")
+    return lines
 
 
 def _target_section(manifest: dict, target: str, t: dict) -> list[str]:
@@ -479,7 +579,7 @@ def main(argv=None, target_main=None) -> int:
         if importlib.util.find_spec("executorch") is None:
             skip["pte"] = "executorch is not installed here"
     print(f"parity check of {a.dir} on {host_target()}{' (bundle only)' if a.bundle_only else ''}")
-    ok = run_gate(a.dir, manifest, recompute_reference=not a.bundle_only, skip=skip)
+    ok = run_gate(a.dir, manifest, recompute_reference=not a.bundle_only, skip=skip, eager=not a.bundle_only)
     return verdict(ok, "", a.dir, manifest["skipped"][host_target()], manifest["failures"])
 
 

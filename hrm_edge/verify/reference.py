@@ -11,6 +11,8 @@ import torch
 
 from hrm_edge.errors import UserError
 from hrm_edge.model.checkpoint import load_model
+from hrm_edge.model.lm import HaltingRule, adaptive_logits, run_first_cycle
+from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD, reference_name
 from hrm_edge.runtime.manifest import verify_files
 
 
@@ -38,3 +40,34 @@ def verify_reference(out_dir: Path, bundle: dict, manifest: dict | None = None) 
     if err > 1e-5 * float(ref.max() - ref.min()):
         return f"parity bundle does not match the eager model in {out_dir} (max abs {err:.3g})"
     return None
+
+
+def eager_adaptive(model, tokens: np.ndarray, prefill_len: int, threshold: float, exited: np.ndarray | None = None,
+                   batch_size: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Adaptive depth, teacher forced (hrm_edge.model.lm.adaptive_logits): tokens [N, S] -> (logits [N, S, V], the
+    top-probability rule's own exits [N, S] at `threshold`; the first prefill_len positions never exit). The logits
+    are those of `exited` [N, S] when given (an artifact's decisions), else of the rule's."""
+    logits, rule_exits = [], []
+    rule = HaltingRule(threshold)
+    with torch.no_grad():
+        for i in range(0, len(tokens), batch_size):
+            first = run_first_cycle(model, torch.from_numpy(tokens[i: i + batch_size]))
+            exits = rule.exits(model, first.output_state(model), first.logits)  # [b, S]
+            exits[:, :prefill_len] = False
+            mask = exits if exited is None else torch.from_numpy(exited[i: i + batch_size])
+            logits.append(adaptive_logits(model, first, mask).numpy())
+            rule_exits.append(exits.numpy())
+    return np.concatenate(logits).astype(np.float32), np.concatenate(rule_exits)
+
+
+def adaptive_references(model, reference: str, tokens: np.ndarray, prefill_len: int, batch_size: int = 4) -> dict:
+    """The parity bundle's eager adaptive reference at DEFAULT_EXIT_THRESHOLD of the artifacts whose eager reference
+    is `model` (named `reference`; "fp32" for the fp32 model): {name/logits: [N, S, V], name/exited: [N, S]}, the
+    logits under the eager rule's own exits (what the gate compares with where no eager model runs)."""
+    logits, exited = eager_adaptive(model, tokens, prefill_len, DEFAULT_EXIT_THRESHOLD, batch_size=batch_size)
+    return {f"{reference_name(reference)}/logits": logits, f"{reference_name(reference)}/exited": exited}
+
+
+def folder_adaptive(out_dir: Path, tokens: np.ndarray, prefill_len: int, threshold: float, exited: np.ndarray):
+    """eager_adaptive of the fp32 model in an export folder, with an artifact's exits."""
+    return eager_adaptive(load_model(out_dir), tokens, prefill_len, threshold, exited)
