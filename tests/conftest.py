@@ -59,7 +59,7 @@ def tiny_export(tmp_path_factory):
     test_reliability, test_android_core and test_arm64 read it, and copy it before changing anything."""
     out = tmp_path_factory.mktemp("tiny_export")
     proc = run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--cycles", "1", "--int8", "static,static-shared,dynamic,8da4w",
-                      "--no-progress", timeout=1800)
+                      "--no-progress", timeout=3600)  # a guard: about 10 minutes alone on 2 cores
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 

@@ -312,11 +312,12 @@ def test_parity_adaptive_check(onnx_adaptive, tmp_path):
     assert not adaptive_check(paths[2], art, {"windows": windows} | other, FP32_TOLERANCE, None)["passed"]
 
 
-def test_onnx_skip_fills_the_slots_as_copy_first_cycle(tmp_path):
+@pytest.mark.parametrize("onnx_adaptive", [(3, 1)], ids=["H3-L1"], indirect=True)  # two cycles' slots to fill
+def test_onnx_skip_fills_the_slots_as_copy_first_cycle(onnx_adaptive):
     """After a prefill, a draft and skip(), the ONNX decoder's deeper cache slots hold what the eager KVCache holds
     after copy_first_cycle: at the skipped position, slot t = slot t mod (L + 1)."""
-    model = onnx_model(5, H=3, L=1)
-    onnx, eager = OnnxSpeculativeDecoder(*onnx_set(tmp_path, model)), EagerSpeculativeDecoder(model)
+    model, paths, _ = onnx_adaptive
+    onnx, eager = OnnxSpeculativeDecoder(*paths), EagerSpeculativeDecoder(model)
     for dec in (onnx, eager):
         dec.reset()
         dec.prefill(np.array(TOKENS[:6]))
