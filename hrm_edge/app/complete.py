@@ -113,7 +113,7 @@ def make_decoder(out_dir: Path, runtime: str, files: list[Path], threads: int, s
 
 def adaptive_decoder(decoder, full_depth: int, exit_threshold: float, name: str) -> AdaptiveDecoder:
     """Adaptive depth over an artifact's speculative decoder; a .spec.pte exported before the skip method is refused."""
-    if getattr(decoder, "skip_method", True) is None:
+    if not decoder.can_skip:
         raise UserError(f"--exit-threshold: {name} has no skip method (adaptive depth); re-run python -m hrm_edge.export")
     return AdaptiveDecoder(decoder, full_depth, TopProbRule(exit_threshold))
 

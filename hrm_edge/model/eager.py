@@ -82,6 +82,8 @@ class EagerSpeculativeDecoder(EagerDecoder):
         with torch.no_grad():
             return self.verify_form(tokens, states, torch.tensor([self.pos]))[0].numpy()
 
+    can_skip = True
+
     def skip(self) -> None:
         """The pending positions exit after the first cycle (adaptive depth): their slots of applications L + 1 ..
         T - 1 take the same role's first-cycle keys/values (KVCache.copy_first_cycle)."""

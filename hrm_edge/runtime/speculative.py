@@ -19,9 +19,9 @@ prefill(tokens [S]) -> full logits [S, V]:
     draft(token) -> the first cycle's logits [V] at the next pending position
     verify() -> the full model's logits [n, V] at the n positions drafted since the last commit
     commit(n)   keeps the first n pending positions and drops the rest
-    skip()      instead of verify(): the pending positions exit after the first cycle (adaptive depth,
-                hrm_edge.runtime.adaptive); the slots of applications L + 1 .. T - 1 take the first cycle's
-                keys/values of the same role, slot t <- slot t mod (L + 1) (KVCache.copy_first_cycle)
+    skip()      instead of verify(), where can_skip: the pending positions exit after the first cycle
+                (adaptive depth, hrm_edge.runtime.adaptive); the slots of applications L + 1 .. T - 1 take the
+                first cycle's keys/values of the same role, slot t <- slot t mod (L + 1) (KVCache.copy_first_cycle)
 """
 from __future__ import annotations
 
@@ -210,6 +210,8 @@ class OnnxSpeculativeDecoder(OnnxDecoder):
         self.rest = (k, v)
         return logits[0]
 
+    can_skip = True  # adaptive depth needs skip(); every ONNX set has it (no graph of its own)
+
     def skip(self) -> None:
         """The pending positions exit after the first cycle: rest slot i (application L + 1 + i) gets first-cycle slot
         (L + 1 + i) mod (L + 1) = i mod (L + 1)'s keys/values at those positions, appended as verify() would."""
@@ -258,6 +260,10 @@ class PteSpeculativeDecoder(PteDecoder):
         logits = self.verify_method.execute([
             t.tensor([self.pending_tokens], dtype=t.int64), state, t.tensor([self.pos], dtype=t.int64)])[0]
         return logits.numpy()[0]
+
+    @property
+    def can_skip(self) -> bool:  # a .spec.pte exported before adaptive depth has no skip method
+        return self.skip_method is not None
 
     def skip(self) -> None:
         """The pending positions exit after the first cycle: the program's "skip" method fills their slots of

@@ -211,7 +211,7 @@ def adaptive_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance, eage
     windows, p = bundle["windows"], art.prefill_len
     tokens = windows[:, :-1]
     inner = speculative_decoder(path, art.program)
-    if getattr(inner, "skip_method", True) is None:
+    if not inner.can_skip:
         return not_checked("not checked: the program has no skip method (exported before adaptive depth)")
     decoder = AdaptiveDecoder(inner, 0, TopProbRule(DEFAULT_EXIT_THRESHOLD))
     logits, exited = adaptive_decode_logits(decoder, tokens, p)  # full_depth 0: only the exits are read
