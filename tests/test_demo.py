@@ -61,6 +61,11 @@ def test_export_without_onnx_kv_artifact(tmp_path):
     assert_user_error(run_module("hrm_edge.demo", fake_export(tmp_path / "e", kv=False)), "no ONNX KV-cache artifact")
 
 
+def test_unknown_keyboard_model_is_one_line(tmp_path):
+    assert_user_error(run_module("hrm_edge.demo", fake_export(tmp_path / "e"), "--keyboard-bench", "--keyboard-model",
+                                 "nope.kv.onnx"), "--keyboard-model 'nope.kv.onnx' is not one of", "m.kv.onnx")
+
+
 def test_sha256_mismatch_names_the_file(tmp_path):
     root = fake_export(tmp_path / "e")
     (root / "m.kv.onnx").write_bytes(b"changed bytes!!")

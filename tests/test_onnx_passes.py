@@ -5,7 +5,8 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from hrm_edge.export.onnx_passes import (NbitsFormat, blockwise_quantize, hoist_loop_invariants, matmuls_to_nbits,
-                                         merge_split_concat, nbits_node, step_op_counts, weights_into_body)
+                                         merge_split_concat, nbits_node, slots_as_scan_outputs, step_op_counts,
+                                         weights_into_body)
 
 
 def _body(nodes: list, initializers: list) -> onnx.GraphProto:
@@ -68,6 +69,61 @@ def test_invariant_nodes_leave_the_body_and_results_stay():
     for i in range(3):
         expected = expected * 1.0 + i
     np.testing.assert_allclose(before, expected)
+
+
+def _slots_model(read_carried: bool = False) -> onnx.ModelProto:
+    """(y, c) = Loop over 3 iterations of: z <- z + i; c[i] <- 2 z (ScatterND of [[i]] with Unsqueeze(2 z, 0)) from
+    x [2] and zeros c [3, 2], as the ONNX KV graphs collect their new keys. read_carried: the body also reads c_in."""
+    body = helper.make_graph([
+        helper.make_node("Cast", ["i"], ["i_f"], to=TensorProto.FLOAT),
+        helper.make_node("Add", ["z_in", "i_f"], ["z_out"]),
+        helper.make_node("Mul", ["z_out", "two"], ["u"]),
+        helper.make_node("Unsqueeze", ["u", "axis0"], ["update"]),
+        helper.make_node("Reshape", ["i", "index_shape"], ["index"]),
+        helper.make_node("ScatterND", ["c_in", "index", "update"], ["c_out"]),
+        helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+    ] + ([helper.make_node("ReduceSum", ["c_in"], ["c_sum"])] if read_carried else []), "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("z_in", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("c_in", TensorProto.FLOAT, [3, 2])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("z_out", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("c_out", TensorProto.FLOAT, [3, 2])]
+        + ([helper.make_tensor_value_info("c_sum", TensorProto.FLOAT, [])] if read_carried else []),
+        [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+         numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+         numpy_helper.from_array(np.array([1, 1], np.int64), "index_shape")])
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["c_shape"], ["zeros"]),
+         helper.make_node("Loop", ["n", "", "x", "zeros"], ["y", "c"] + (["sums"] if read_carried else []), body=body)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]), helper.make_tensor_value_info("c", TensorProto.FLOAT, [3, 2])],
+        [numpy_helper.from_array(np.array(3, np.int64), "n"), numpy_helper.from_array(np.array([3, 2], np.int64), "c_shape")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_slots_written_once_per_iteration_become_scan_outputs():
+    model = _slots_model()
+    x = np.array([1.0, -2.0], np.float32)
+    before = _run_all(model, x)
+    assert slots_as_scan_outputs(model.graph) == 1
+    onnx.checker.check_model(model, full_check=True)
+    loop = model.graph.node[-1]
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    assert [n.op_type for n in model.graph.node] == ["Loop"], "the zeros the buffer started from are gone"
+    assert "ScatterND" not in [n.op_type for n in body.node] and "Reshape" not in [n.op_type for n in body.node]
+    assert list(loop.input) == ["n", "", "x"] and list(loop.output) == ["y", "c"]
+    assert [o.name for o in body.output] == ["cond_out", "z_out", "u"]  # c: the scan output of u
+    after = _run_all(model, x)
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(after[1], 2 * (x + np.array([0.0, 1.0, 3.0])[:, None]))
+
+
+def test_a_carried_buffer_the_body_also_reads_stays_carried():
+    model = _slots_model(read_carried=True)
+    assert slots_as_scan_outputs(model.graph) == 0
 
 
 def _split_concat_model(sizes: list, concat_first: int, concat_n: int) -> onnx.ModelProto:

@@ -229,6 +229,9 @@ def main(argv=None) -> int:
                         "keystroke savings, and exit")
     p.add_argument("--keyboard-chars", type=int, default=600, help="characters typed by --keyboard-bench (default 600)")
     p.add_argument("--keyboard-text", type=Path, help="a text file for --keyboard-bench instead of held-out code")
+    p.add_argument("--keyboard-model", metavar="ID",
+                   help="--keyboard-bench: the page's program to type with, an artifact id such as "
+                        "hrm.int8-nbits.kv.onnx (default: the page's default program)")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
     if not 0 <= a.port <= 65535:
@@ -237,6 +240,9 @@ def main(argv=None) -> int:
         raise UserError(f"--keyboard-chars must be at least 2, got {a.keyboard_chars}")
     manifest = read_manifest(a.dir)
     routes, config = export_routes(a.dir, manifest, verify=not a.no_verify)
+    ids = [m["id"] for m in config["models"]]
+    if a.keyboard_model is not None and a.keyboard_model not in ids:
+        raise UserError(f"--keyboard-model {a.keyboard_model!r} is not one of the page's programs: {', '.join(ids)}")
     routes |= page_routes(web_packages())
     handler = partial(DemoHandler, routes=routes, config=json.dumps(config).encode(), quiet=a.quiet or a.keyboard_bench)
     host, port = ("127.0.0.1", 0) if a.keyboard_bench else (a.host, a.port)
@@ -268,7 +274,7 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
             else heldout_text(a.keyboard_chars))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", text)
+        r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", text, a.keyboard_model)
     finally:
         server.shutdown()
         server.server_close()

@@ -29,7 +29,7 @@ from hrm_edge.export.calibrate import BLOCK_LINEARS
 from hrm_edge.export.names import ort_name
 from hrm_edge.export.onnx_passes import (NbitsFormat, blockwise_quantize, hoist_loop_invariants, loop_and_body,
                                          matmuls_to_nbits, merge_split_concat, names_read, nbits_node,
-                                         weights_into_body)
+                                         slots_as_scan_outputs, weights_into_body)
 from hrm_edge.io import atomic_write_bytes, atomic_write_text
 from hrm_edge.model.lm import HRMLM, DraftForm, FunctionalDecodeForm, RMSNorm, TracedForm, VerifyForm, cache_steps
 
@@ -107,6 +107,7 @@ def _export(module, example: tuple, dynamic: tuple, input_names, output_names, p
     if needs_loop:
         hoist_loop_invariants(proto.graph)
         weights_into_body(proto.graph)
+        slots_as_scan_outputs(proto.graph)
     cfg = module.model.cfg
     onnx.helper.set_model_props(proto, {"max_seq_len": str(cfg.max_seq_len), "vocab_size": str(cfg.vocab_size)})
     if needs_loop and "Loop" not in main_graph_ops(proto):

@@ -3,8 +3,9 @@
 A decode step runs the Loop body T times, and at batch 1 onnxruntime spends about as much per body node
 (~1 us of dispatch) as on the arithmetic of most of them, so every node that computes the same value in
 every iteration is moved out of the body and computed once per call (hoist_loop_invariants), a Split
-whose pieces are concatenated again is undone (merge_split_concat), and the weights only the body reads are
-stored in the body (weights_into_body).
+whose pieces are concatenated again is undone (merge_split_concat), the weights only the body reads are
+stored in the body (weights_into_body), and the caches collected one slot per iteration become the Loop's scan
+outputs (slots_as_scan_outputs).
 """
 from __future__ import annotations
 
@@ -114,6 +115,93 @@ def weights_into_body(graph: onnx.GraphProto) -> int:
     del graph.initializer[:]
     graph.initializer.extend(keep)
     return len(move)
+
+
+def slots_as_scan_outputs(graph: onnx.GraphProto) -> int:
+    """Loop-carried caches written one slot per iteration -> scan outputs of the Loop; returns how many.
+
+    The body collects each block application's new keys and values into carried [T, B, H, S, hd] tensors,
+    ScatterND(carried, [[slot]], Unsqueeze(x, 0)), slot = the iteration's index (StackedKVCache: slot = t -
+    first_step, t counting from first_step, one slot per iteration): that is what a Loop's scan output is, the body's
+    x of every iteration stacked along a new first axis. As a scan output the body no longer runs the ScatterND (nor
+    the Unsqueeze of its index), and the carried buffer and its zeros are gone. Only that exact form is rewritten:
+    the body output a ScatterND of its own carried input, read by nothing else, with an Unsqueeze on axis 0 as its
+    update (which stays where other nodes read it)."""
+    loop, body = loop_and_body(graph)
+    n_carried = len(body.input) - 2
+    producer = {o: n for n in body.node for o in n.output}
+    readers: dict = {}
+    for n in body.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    moved = []  # (carried index, the per-iteration value)
+    for j in range(n_carried):
+        carried_in, carried_out = body.input[2 + j].name, body.output[1 + j].name
+        scatter = producer.get(carried_out)
+        if (scatter is None or scatter.op_type != "ScatterND" or scatter.input[0] != carried_in
+                or len(readers.get(carried_in, [])) != 1 or readers.get(carried_out)):
+            continue
+        update = producer.get(scatter.input[2])
+        if update is None or update.op_type != "Unsqueeze" or not _unsqueezes_axis_0(update, body, graph):
+            continue
+        moved.append((j, scatter, update.input[0]))
+    if not moved:
+        return 0
+    _rewire_scan_outputs(graph, loop, body, moved)
+    return len(moved)
+
+
+def _unsqueezes_axis_0(node: onnx.NodeProto, body: onnx.GraphProto, graph: onnx.GraphProto) -> bool:
+    """An Unsqueeze whose axes (an initializer of the body or the main graph) are [0]."""
+    inits = {i.name: i for i in list(body.initializer) + list(graph.initializer)}
+    axes = inits.get(node.input[1]) if len(node.input) > 1 else None
+    return axes is not None and onnx.numpy_helper.to_array(axes).tolist() in ([0], 0)
+
+
+def _rewire_scan_outputs(graph, loop, body, moved) -> None:
+    """Drop the carried values `moved` (index, ScatterND, per-iteration value) from the body and the Loop and make
+    the per-iteration values scan outputs under the Loop's old output names; nodes left unread go."""
+    gone = {id(scatter) for _, scatter, _ in moved}
+    kept = [n for n in body.node if id(n) not in gone]
+    del body.node[:]
+    body.node.extend(kept)
+    indices = {j for j, _, _ in moved}
+    n_carried = len(body.input) - 2
+    scans = []
+    for j, _, value in moved:
+        out = onnx.ValueInfoProto()
+        out.name = value
+        out.type.tensor_type.elem_type = body.output[1 + j].type.tensor_type.elem_type
+        scans.append(out)
+    body_inputs = [v for k, v in enumerate(body.input) if k - 2 not in indices]
+    body_outputs = [v for k, v in enumerate(body.output) if k - 1 not in indices]  # cond, carried, old scans
+    loop_inputs = [v for k, v in enumerate(loop.input) if k - 2 not in indices]
+    loop_outputs = list(loop.output)
+    finals = [v for k, v in enumerate(loop_outputs[:n_carried]) if k not in indices]
+    loop_outputs = finals + loop_outputs[n_carried:] + [loop_outputs[j] for j, _, _ in moved]
+    del body.input[:], body.output[:], loop.input[:], loop.output[:]
+    body.input.extend(body_inputs)
+    body.output.extend(body_outputs + scans)
+    loop.input.extend(loop_inputs)
+    loop.output.extend(loop_outputs)
+    _drop_unread(body)
+    _drop_unread(graph)
+
+
+def _drop_unread(graph: onnx.GraphProto) -> None:
+    """Remove nodes none of whose outputs is read (by a node, a nested graph or a graph output), until none is
+    left, and the initializers nothing reads."""
+    while True:
+        read = names_read(graph)
+        kept = [n for n in graph.node if any(o in read for o in n.output if o)]
+        if len(kept) == len(graph.node):
+            break
+        del graph.node[:]
+        graph.node.extend(kept)
+    read = names_read(graph)
+    unread = [i for i in graph.initializer if i.name not in read]
+    for init in unread:
+        graph.initializer.remove(init)
 
 
 def names_read(graph: onnx.GraphProto) -> set:

@@ -1,7 +1,9 @@
 """Where a decode step of an ONNX KV graph spends its time, by operator type: the nodes the graph runs per
-step (the Loop body once per iteration) and onnxruntime's own per-node profile of real decode steps.
+step (the Loop body once per iteration) and onnxruntime's own per-node profile of real decode steps. And where a
+self-speculative round's time goes: one call of each program, timed alone.
 
     python -c "from hrm_edge.measure.profile import print_decode_profile as p; p('D/hrm.fp32.kv.onnx')"
+    python -c "from hrm_edge.measure.profile import print_round_costs as p; p('D/hrm.int8-dynamic.spec.pte')"
 
 At batch 1 a step is a few hundred small nodes, so the node count (onnxruntime's dispatch is ~1 us a node)
 matters as much as the arithmetic of the matmuls. Profiling itself costs time per node (it records memory
@@ -11,13 +13,15 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from hrm_edge.export.onnx_passes import step_op_counts
-from hrm_edge.runtime.decoders import OnnxDecoder
+from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder
+from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder, speculative_set
 
 
 CONTAINERS = {"Loop", "If", "Scan"}  # their time is their body's nodes', which the profile lists too
@@ -60,3 +64,68 @@ def print_decode_profile(path: str, prompt_len: int = 64, steps: int = 16, top: 
           f"step {p['step_us']:.0f} us, kernels {p['kernel_us']:.0f} us")
     for name, op in list(p["profiled"].items())[:top]:
         print(f"  {name:<24} {op['nodes']:6.0f} nodes {op['us']:8.0f} us  ({op['us'] / p['kernel_us']:.0%})")
+
+
+SNAPSHOT = ("pos", "k", "v", "first", "rest")  # a decoder's cache state (the attributes it has of these)
+
+
+def _median_us(call, state_of, calls: int) -> float:
+    """Median microseconds of call() over `calls` runs, each from the decoder state `state_of` was taken in (the
+    ONNX decoders' caches are arrays that a call replaces; the programs' rows past pos are rewritten)."""
+    decoder, saved = state_of
+    times = []
+    for _ in range(calls):
+        for name, value in saved.items():
+            setattr(decoder, name, value)
+        decoder.pending_tokens, decoder.pending_states = [], []
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return 1e6 * statistics.median(times)
+
+
+def _state(decoder) -> tuple:
+    return decoder, {name: getattr(decoder, name) for name in SNAPSHOT if hasattr(decoder, name)}
+
+
+def round_costs(path: Path, calls: int = 100, prompt_len: int = 128) -> dict:
+    """One thread, at position prompt_len (a prompt cut from the export's calibration windows: real text): median
+    microseconds of one full-depth decode step of the KV program, one draft call, and one verify call over n = 1 ..
+    DEFAULT_DRAFT_LEN + 1 drafted positions. path: a .spec.pte (its KV program: the sibling .kv.pte) or any graph of
+    an ONNX speculative set. A round of draft length k costs (k + 1) drafts + verify(k + 1) and yields its
+    tokens_per_round: it beats plain decoding where that is less than tokens_per_round steps ("break_even")."""
+    prompt = np.load(path.parent / "calibration_set.npz")["windows"][0, :prompt_len]
+    if path.suffix == ".pte":
+        full, spec = PteDecoder(path.with_name(path.name.replace(".spec.", ".kv.")), 1), PteSpeculativeDecoder(path, 1)
+    else:
+        files = [path.parent / name for name in speculative_set(path.name)]
+        full, spec = OnnxDecoder(files[0], 1), OnnxSpeculativeDecoder(*files, threads=1)
+    full.prefill(prompt)
+    spec.prefill(prompt)
+    token = int(prompt[-1])
+    step = _median_us(lambda: full.decode(token), _state(full), calls)
+    draft = _median_us(lambda: spec.draft(token), _state(spec), calls)
+    verify = {}
+    for n in range(1, DEFAULT_DRAFT_LEN + 2):
+        state = _state(spec)
+        for _ in range(n):
+            spec.draft(token)
+        pending = (spec.pending_tokens, spec.pending_states)
+        drafted = {name: getattr(spec, name) for name in ("first",) if hasattr(spec, name)}
+
+        def verify_once():
+            spec.pending_tokens, spec.pending_states = pending
+            spec.verify()
+        verify[n] = _median_us(verify_once, (spec, {**state[1], **drafted}), calls)
+    n = DEFAULT_DRAFT_LEN + 1
+    return {"step_us": step, "draft_us": draft, "verify_us": verify,
+            "break_even": (n * draft + verify[n]) / step}  # tokens a round must yield to match plain decoding
+
+
+def print_round_costs(path: str, calls: int = 100) -> None:
+    c = round_costs(Path(path), calls)
+    n = DEFAULT_DRAFT_LEN + 1
+    print(f"{Path(path).name}: full-depth step {c['step_us']:.0f} us, draft {c['draft_us']:.0f} us "
+          f"({c['draft_us'] / c['step_us']:.0%} of a step), verify " +
+          ", ".join(f"{k} pos {us:.0f} us" for k, us in c["verify_us"].items()))
+    print(f"  a round of {n} drafts + verify({n}) matches plain decoding at {c['break_even']:.2f} tokens per round")

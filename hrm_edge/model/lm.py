@@ -113,16 +113,14 @@ def sdpa(q, k, v, mask):
 
 
 def sdpa_two_parts(q, keys, values, mask):
-    """sdpa over keys (past [..., B, H, P, hd], new [B, H, S, hd]) and values alike, without concatenating them:
-    the scores [B*H, S, P + S] are concatenated and split instead (S rows, not P)."""
-    B, H, S, hd = q.shape
-    P = keys[0].shape[-2]
-    q3 = q.reshape(B * H, S, hd)
-    k3 = [k.reshape(B * H, -1, hd) for k in keys]
-    v3 = [v.reshape(B * H, -1, hd) for v in values]
-    scores = torch.cat([torch.bmm(q3, k.transpose(1, 2)) for k in k3], dim=-1) * (1.0 / math.sqrt(hd)) + mask
-    p_past, p_new = torch.split(torch.softmax(scores, dim=-1), [P, S], dim=-1)  # [B*H, S, P], [B*H, S, S]
-    return (torch.bmm(p_past, v3[0]) + torch.bmm(p_new, v3[1])).view(B, H, S, hd)
+    """sdpa over keys (past [1, B, H, P, hd], new [1, B, H, S, hd]) and values alike, without concatenating them:
+    the scores [1, B, H, S, P + S] are concatenated and split instead (S rows, not P). q [B, H, S, hd] -> [1, B, H,
+    S, hd]. Batched 4-D/5-D matmuls, no reshapes to 3-D: only the ONNX Loop body runs this, where every reshape is
+    one more node per iteration (XNNPACK, which wants 3-D bmm, never sees it)."""
+    P, hd = keys[0].shape[-2], q.shape[-1]
+    scores = torch.cat([torch.matmul(q, k.transpose(-1, -2)) for k in keys], dim=-1) * (1.0 / math.sqrt(hd)) + mask
+    p_past, p_new = torch.split(torch.softmax(scores, dim=-1), [P, q.shape[2]], dim=-1)  # [1, B, H, S, P], [.., S]
+    return torch.matmul(p_past, values[0]) + torch.matmul(p_new, values[1])
 
 
 # ---- caches: one interface, update(t, positions, k, v) -> (keys, values) of block application t ----
@@ -188,8 +186,9 @@ class StackedKVCache(NoCache):
     """Functional caches of the ONNX decode graph. past_k, past_v [T, B, H, P, hd] are graph inputs, read
     only; each block application t attends over its past plus the new keys, and the new keys/values of
     all T applications are collected in new_k, new_v [T, B, H, S, hd] (carried through the ONNX Loop: S
-    rows, not the whole cache) and appended once after the loop (present). Nothing rewrites the past:
-    rewriting a stacked cache inside every Loop iteration was what made decode slow."""
+    rows, not the whole cache; the export turns them into the Loop's scan outputs, slots_as_scan_outputs) and
+    appended once after the loop (present). Nothing rewrites the past: rewriting a stacked cache inside every Loop
+    iteration was what made decode slow."""
 
     def __init__(self, past_k, past_v, new_k=None, new_v=None, new_len: int | None = None, first_step: int = 0):
         T, B, H, _, hd = past_k.shape
@@ -205,33 +204,34 @@ class StackedKVCache(NoCache):
         return attention_mask(positions, self.past_k.shape[3] + positions.shape[0])  # [S, P + S]
 
     def record(self, t, k, v):
-        """Collect block application t's new keys/values k, v [B, S, H, hd]; returns (t1 [1], k, v [B, H, S, hd]).
+        """Collect block application t's new keys/values k, v [B, S, H, hd]; returns (t1 [1], k, v [1, B, H, S, hd]).
         t: a Python int, or the ONNX Loop counter as an int64 tensor [1] (stacked_step)."""
         # by index_select / index_copy: t is the ONNX Loop counter (t[i] fails export with a
         # data-dependent-integer error)
         t1 = t if torch.is_tensor(t) else torch.tensor([t], device=k.device)
         t1 = t1 - self.first_step if self.first_step else t1  # application -> slot
-        k, v = k.transpose(1, 2), v.transpose(1, 2)  # [B, H, S, hd]
-        self.new_k = self.new_k.index_copy(0, t1, k.unsqueeze(0))
-        self.new_v = self.new_v.index_copy(0, t1, v.unsqueeze(0))
+        k, v = k.transpose(1, 2).unsqueeze(0), v.transpose(1, 2).unsqueeze(0)  # [1, B, H, S, hd]
+        self.new_k = self.new_k.index_copy(0, t1, k)
+        self.new_v = self.new_v.index_copy(0, t1, v)
         return t1, k, v
 
     def past(self, t1):
-        """Block application t1's past keys and values, [1, B, H, P, hd] each (sdpa_two_parts reshapes them to
-        [B*H, P, hd] in one step: a squeeze first would be one more node per Loop iteration)."""
+        """Block application t1's past keys and values, [1, B, H, P, hd] each (kept 5-D: a squeeze would be one more
+        node per Loop iteration)."""
         return self.past_k.index_select(0, t1), self.past_v.index_select(0, t1)
 
     def update(self, t, positions, k, v):
         t1, k, v = self.record(t, k, v)
         past_k, past_v = self.past(t1)
-        return torch.cat([past_k[0], k], dim=2), torch.cat([past_v[0], v], dim=2)  # [B, H, P + S, hd]
+        return torch.cat([past_k[0], k[0]], dim=2), torch.cat([past_v[0], v[0]], dim=2)  # [B, H, P + S, hd]
 
     def attend(self, t, positions, q, k, v, mask):
         """As update + sdpa, without concatenating the past and the new keys: those two [B, H, P, hd] copies per
-        block application were 13% of the ONNX int8 decode step at P = 255 (1.94 -> 1.69 ms, measured)."""
+        block application were 13% of the ONNX int8 decode step at P = 255 (1.94 -> 1.69 ms, measured).
+        Returns [1, B, S, H, hd] (Attention.forward reshapes it to [B, S, D])."""
         t1, k, v = self.record(t, k, v)
         past_k, past_v = self.past(t1)
-        return sdpa_two_parts(q.transpose(1, 2), (past_k, k), (past_v, v), mask).transpose(1, 2)
+        return sdpa_two_parts(q.transpose(1, 2), (past_k, k), (past_v, v), mask).transpose(2, 3)
 
     def carried(self) -> tuple:
         return self.new_k, self.new_v
@@ -294,7 +294,7 @@ class Attention(nn.Module):
         qk = torch.cat([self.wq(x), self.wk(x)], dim=-1).view(B, S, 2 * self.n_heads, self.head_dim)  # [B, S, 2H, hd]
         q, k = apply_rope(qk, inp.cos, inp.sin, self.rot).split(self.n_heads, dim=2)  # [B, S, H, hd] each
         v = self.wv(x).view(B, S, self.n_heads, self.head_dim)
-        y = inp.cache.attend(t, inp.positions, q, k, v, inp.mask)  # [B, S, H, hd]
+        y = inp.cache.attend(t, inp.positions, q, k, v, inp.mask)  # [B, S, H, hd] (StackedKVCache: [1, B, S, H, hd])
         return self.wo(y.reshape(B, S, D))
 
 
@@ -423,11 +423,11 @@ class HRMLM(nn.Module):
         (fast, slow). Computes what hrm_step computes, with both levels' gates as one batched gate whose
         level mask on [2], (1, 0) on fast steps and (0, 1) on slow ones, leaves the level that is not updated
         exactly as it was (z + 0 * ...): one set of gate ops per iteration instead of two, no per-level branch.
-        (No gate dropout: this form is exported, never trained.)"""
+        (No gate dropout: this form is exported, never trained.) inp.x: [T, B, S, D], what application t adds to
+        the summed state (run_while_loop)."""
         t1 = t.reshape(1)  # [1]: what index_select, and the cache's index_copy, take
-        step = self.step_emb.index_select(0, t1)  # [1, D]
         on = self.level_mask.index_select(0, t1).reshape(2, 1, 1, 1)  # [2, 1, 1, 1]: which level step t updates
-        out = self.block(z.sum(0) + on[0] * inp.x + step, inp, t1)  # [B, S, D]
+        out = self.block(z.sum(0) + inp.x.index_select(0, t1).squeeze(0), inp, t1)  # [B, S, D]
         if not self.cfg.gating:
             return z + on * (out - z)
         return z + (on * self.stacked_gate_amount(z, out)) * (out - z)
@@ -508,6 +508,9 @@ class HRMLM(nn.Module):
         torch.onnx.export makes it ONE ONNX Loop whose body holds the block once (stacked_step); a functional
         cache's collected keys/values ride along as loop-carried values. Returns the final stacked state."""
         carried = inp.cache.carried() if isinstance(inp.cache, StackedKVCache) else ()
+        # what each application adds to the summed state, [T, B, S, D]: x on fast steps, plus the step embedding
+        # (computed once per call, not in every Loop iteration)
+        inp = replace(inp, x=self.level_mask[:, 0, None, None, None] * inp.x + self.step_emb[:, None, None, :])
 
         def body(t, z, *carried):
             cache = inp.cache.with_carried(carried) if carried else inp.cache
