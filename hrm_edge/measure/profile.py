@@ -108,6 +108,7 @@ def round_costs(path: Path, calls: int = 100, prompt_len: int = 128) -> dict:
     verify = {}
     for n in range(1, DEFAULT_DRAFT_LEN + 2):
         state = _state(spec)
+        spec.pending_tokens, spec.pending_states = [], []
         for _ in range(n):
             spec.draft(token)
         pending = (spec.pending_tokens, spec.pending_states)
