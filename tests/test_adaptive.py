@@ -297,17 +297,18 @@ def test_parity_adaptive_check(onnx_adaptive, tmp_path):
     eager = adaptive_check(paths[2], art, bundle, FP32_TOLERANCE, tmp_path)
     offline = adaptive_check(paths[2], art, bundle, FP32_TOLERANCE, None)
     for r in (eager, offline):
-        assert r["passed"] and r["depth_agreement"] == 1.0 and r["windows_compared"] == 3, r
+        assert r["passed"] and r["depth_agreement"] == 1.0 and r["positions_compared"] == r["positions"] == 3 * len(TOKENS), r
         assert 0.1 < r["exit_rate"] == r["eager_exit_rate"] < 0.9
         assert r["max_abs_logit_error"] < 1e-4
-    assert "artifact's exits" in eager["compared_with"] and "agree" in offline["compared_with"]
+    assert "artifact's exits" in eager["compared_with"] and "first exit that differs" in offline["compared_with"]
     art.record_parity("x86_64", {"passed": True, "adaptive": offline})
     row = f"| hrm.fp32.verify.onnx | x86_64 | {offline['exit_rate']:.3f} | {offline['eager_exit_rate']:.3f} | 1.0000 |"
     assert row in "\n".join(_adaptive_rows({"artifacts": [art]}))
     flipped = stored["reference/adaptive/fp32/exited"].copy()
     flipped[:, 3:5] = ~flipped[:, 3:5]
     r = adaptive_check(paths[2], art, bundle | {"reference/adaptive/fp32/exited": flipped}, FP32_TOLERANCE, None)
-    assert not r["passed"] and r["depth_agreement"] < 0.99 and "no window" in r["reason"]
+    assert not r["passed"] and r["depth_agreement"] < 0.99 and "exit decisions agree" in r["reason"]
+    assert r["positions_compared"] == 3 * 3, "each window up to its first differing exit, position 3"
     other = {f"reference/{k}": v for k, v in adaptive_references(onnx_model(7, model.cfg.H_cycles, model.cfg.L_cycles), "fp32", windows[:, :-1], 3).items()}
     assert not adaptive_check(paths[2], art, {"windows": windows} | other, FP32_TOLERANCE, None)["passed"]
 

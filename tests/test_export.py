@@ -302,7 +302,8 @@ def test_speculative_graphs_pass_as_a_set(tiny_export):
     for a in [a for a in spec if a["program"] in ("verify", "speculative")]:
         r = next(iter(a["parity"].values()))["adaptive"]
         assert r["checked"] and r["passed"] and r["depth_agreement"] >= 0.99 and r["threshold"] == 0.8, (a["path"], r)
-        assert r["windows_compared"] >= 1 and r["max_abs_logit_error"] <= r["tolerance"]["max_abs_logit_error"]
+        assert r["positions_compared"] >= r["positions"] / 4
+        assert r["max_abs_logit_error"] <= r["tolerance"]["max_abs_logit_error"]
         assert ("artifact's exits" if a["precision"] == "fp32" else "bundle's") in r["compared_with"]
     assert not [a for a in spec if a["program"] == "draft" and "adaptive" in next(iter(a["parity"].values()))]
     with np.load(tiny_export / "parity_bundle.npz") as bundle:

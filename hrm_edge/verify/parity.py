@@ -202,14 +202,23 @@ def not_checked(reason: str) -> dict:
     return {"threshold": DEFAULT_EXIT_THRESHOLD, "checked": False, "passed": True, "reason": reason}
 
 
+def before_first_difference(exited: np.ndarray, eager_exited: np.ndarray) -> np.ndarray:
+    """[W, S] bool: the positions of each window before its first token whose exit differs between the two (there
+    both decoders took the same path; from that token on their caches differ by design, and so do later logits)."""
+    differ = exited != eager_exited
+    first = np.where(differ.any(axis=1), differ.argmax(axis=1), differ.shape[1])  # [W]
+    return np.arange(differ.shape[1])[None, :] < first[:, None]
+
+
 def adaptive_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance, eager_dir: Path | None) -> dict:
     """Adaptive depth at DEFAULT_EXIT_THRESHOLD over the set's draft / verify / skip, teacher forced on the validation
     windows (prefill, then one decode per token). Its logits are compared, with the artifact's tolerance, with the
     eager model's adaptive logits under exactly the artifact's exits (eager_dir: an fp32 artifact's folder, where torch
-    is installed), or else with the bundle's stored eager adaptive logits on the windows whose exits all agree with
-    the eager rule's; its exits must agree with the eager rule's own decisions on >= MIN_DEPTH_AGREEMENT of tokens."""
+    is installed), or else with the bundle's stored eager adaptive logits at the positions before each window's first
+    exit that differs from the eager rule's (before_first_difference); its exits must agree with the eager rule's own
+    decisions on >= MIN_DEPTH_AGREEMENT of tokens."""
     windows, p = bundle["windows"], art.prefill_len
-    tokens = windows[:, :-1]
+    tokens, targets = windows[:, :-1], windows[:, 1:]
     inner = speculative_decoder(path, art.program)
     if not inner.can_skip:
         return not_checked("not checked: the program has no skip method (exported before adaptive depth)")
@@ -220,22 +229,23 @@ def adaptive_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance, eage
         from hrm_edge.verify.reference import folder_adaptive  # torch
 
         reference, eager_exited = folder_adaptive(eager_dir, tokens, p, DEFAULT_EXIT_THRESHOLD, exited)
-        rows, what = np.arange(len(tokens)), "fp32 eager adaptive_logits with the artifact's exits"
+        same_path, what = np.ones(tokens.shape, bool), "fp32 eager adaptive_logits with the artifact's exits"
     elif f"{key}/logits" in bundle:
         reference, eager_exited = bundle[f"{key}/logits"], bundle[f"{key}/exited"]
-        rows = np.flatnonzero((exited == eager_exited).all(axis=1))
-        what = "the bundle's eager adaptive logits, on the windows whose exits all agree"
+        same_path = before_first_difference(exited, eager_exited)
+        what = "the bundle's eager adaptive logits, up to each window's first exit that differs from the eager rule's"
     else:
         return not_checked("not checked: the parity bundle has no adaptive reference (re-export) and no fp32 eager "
                            "model runs here")
     agreement = float((exited[:, p:] == eager_exited[:, p:]).mean())
-    check = (compare(logits[rows], reference[rows], windows[rows, 1:], tol, what) if len(rows) else
-             {"passed": False, "reason": "no window's exits all agree with the eager rule's"})
+    check = (compare(logits[same_path][None], reference[same_path][None], targets[same_path][None], tol, what)
+             if same_path.any() else {"passed": False, "reason": "no position before an exit that differs"})
     reasons = [check["reason"]] if not check["passed"] else []
     if agreement < MIN_DEPTH_AGREEMENT:
         reasons.append(f"exit decisions agree with the eager rule's on {agreement:.4f} < {MIN_DEPTH_AGREEMENT} of tokens")
     return {"threshold": DEFAULT_EXIT_THRESHOLD, "checked": True, "compared_with": what,
-            "windows_compared": int(len(rows)), "exit_rate": float(exited[:, p:].mean()),
+            "positions_compared": int(same_path.sum()), "positions": int(same_path.size),
+            "exit_rate": float(exited[:, p:].mean()),
             "eager_exit_rate": float(eager_exited[:, p:].mean()), "depth_agreement": agreement,
             "max_abs_logit_error": check.get("max_abs_logit_error"), "top1_agreement": check.get("top1_agreement"),
             "tolerance": check.get("tolerance"), "passed": not reasons, "reason": "; ".join(reasons)}
@@ -498,7 +508,7 @@ def _adaptive_rows(manifest: dict) -> list[str]:
         err = a["max_abs_logit_error"]
         lines.append(f"| {path} | {target} | {a['exit_rate']:.3f} | {a['eager_exit_rate']:.3f} | "
                      f"{a['depth_agreement']:.4f} | {'–' if err is None else f'{err:.2e}'} | {a['compared_with']} "
-                     f"({a['windows_compared']} windows) | {'yes' if a['passed'] else '**NO**: ' + a['reason']} |")
+                     f"({a['positions_compared']} of {a['positions']} positions) | {'yes' if a['passed'] else '**NO**: ' + a['reason']} |")
     return lines
 
 
