@@ -304,6 +304,9 @@ def test_parity_adaptive_check(onnx_adaptive, tmp_path):
     art.record_parity("x86_64", {"passed": True, "adaptive": offline})
     row = f"| hrm.fp32.verify.onnx | x86_64 | {offline['exit_rate']:.3f} | {offline['eager_exit_rate']:.3f} | 1.0000 |"
     assert row in "\n".join(_adaptive_rows({"artifacts": [art]}))
+    older = {k: v for k, v in offline.items() if k not in ("positions", "positions_compared")} | {"windows_compared": 3}
+    art.record_parity("x86_64", {"passed": True, "adaptive": older})  # a manifest written before 2026-12-02
+    assert "(3 windows)" in "\n".join(_adaptive_rows({"artifacts": [art]}))
     flipped = stored["reference/adaptive/fp32/exited"].copy()
     flipped[:, 3:5] = ~flipped[:, 3:5]
     r = adaptive_check(paths[2], art, bundle | {"reference/adaptive/fp32/exited": flipped}, FP32_TOLERANCE, None)

@@ -506,9 +506,11 @@ def _adaptive_rows(manifest: dict) -> list[str]:
             lines.append(f"| {path} | {target} | – | – | – | – | – | {a.get('reason', '')} |")
             continue
         err = a["max_abs_logit_error"]
+        compared = (f"{a['positions_compared']} of {a['positions']} positions" if "positions" in a
+                    else f"{a['windows_compared']} windows")  # (a manifest written before 2026-12-02)
         lines.append(f"| {path} | {target} | {a['exit_rate']:.3f} | {a['eager_exit_rate']:.3f} | "
                      f"{a['depth_agreement']:.4f} | {'–' if err is None else f'{err:.2e}'} | {a['compared_with']} "
-                     f"({a['positions_compared']} of {a['positions']} positions) | {'yes' if a['passed'] else '**NO**: ' + a['reason']} |")
+                     f"({compared}) | {'yes' if a['passed'] else '**NO**: ' + a['reason']} |")
     return lines
 
 
