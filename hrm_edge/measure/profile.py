@@ -69,23 +69,27 @@ def print_decode_profile(path: str, prompt_len: int = 64, steps: int = 16, top: 
 SNAPSHOT = ("pos", "k", "v", "first", "rest")  # a decoder's cache state (the attributes it has of these)
 
 
-def _median_us(call, state_of, calls: int) -> float:
-    """Median microseconds of call() over `calls` runs, each from the decoder state `state_of` was taken in (the
-    ONNX decoders' caches are arrays that a call replaces; the programs' rows past pos are rewritten)."""
-    decoder, saved = state_of
+def _snapshot(decoder) -> dict:
+    return {name: getattr(decoder, name) for name in SNAPSHOT if hasattr(decoder, name)}
+
+
+def _restore(decoder, saved: dict) -> None:
+    """Back to a snapshot, nothing pending (the ONNX decoders' caches are arrays a call replaces; the programs' rows
+    past pos are rewritten by the next call)."""
+    for name, value in saved.items():
+        setattr(decoder, name, value)
+    decoder.pending_tokens, decoder.pending_states = [], []
+
+
+def _median_us(call, decoder, saved: dict, calls: int) -> float:
+    """Median microseconds of call() over `calls` runs, each from the snapshot `saved` of `decoder`."""
     times = []
     for _ in range(calls):
-        for name, value in saved.items():
-            setattr(decoder, name, value)
-        decoder.pending_tokens, decoder.pending_states = [], []
+        _restore(decoder, saved)
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
     return 1e6 * statistics.median(times)
-
-
-def _state(decoder) -> tuple:
-    return decoder, {name: getattr(decoder, name) for name in SNAPSHOT if hasattr(decoder, name)}
 
 
 def round_costs(path: Path, calls: int = 100, prompt_len: int = 128) -> dict:
@@ -102,22 +106,20 @@ def round_costs(path: Path, calls: int = 100, prompt_len: int = 128) -> dict:
         full, spec = OnnxDecoder(files[0], 1), OnnxSpeculativeDecoder(*files, threads=1)
     full.prefill(prompt)
     spec.prefill(prompt)
-    token = int(prompt[-1])
-    step = _median_us(lambda: full.decode(token), _state(full), calls)
-    draft = _median_us(lambda: spec.draft(token), _state(spec), calls)
+    token, prefilled = int(prompt[-1]), _snapshot(spec)
+    step = _median_us(lambda: full.decode(token), full, _snapshot(full), calls)
+    draft = _median_us(lambda: spec.draft(token), spec, prefilled, calls)
     verify = {}
     for n in range(1, DEFAULT_DRAFT_LEN + 2):
-        state = _state(spec)
-        spec.pending_tokens, spec.pending_states = [], []
+        _restore(spec, prefilled)
         for _ in range(n):
             spec.draft(token)
         pending = (spec.pending_tokens, spec.pending_states)
-        drafted = {name: getattr(spec, name) for name in ("first",) if hasattr(spec, name)}
 
         def verify_once():
             spec.pending_tokens, spec.pending_states = pending
             spec.verify()
-        verify[n] = _median_us(verify_once, (spec, {**state[1], **drafted}), calls)
+        verify[n] = _median_us(verify_once, spec, _snapshot(spec), calls)
     n = DEFAULT_DRAFT_LEN + 1
     return {"step_us": step, "draft_us": draft, "verify_us": verify,
             "break_even": (n * draft + verify[n]) / step}  # tokens a round must yield to match plain decoding
