@@ -87,12 +87,12 @@ COMMANDS = {
     "parity": ("hrm_edge.verify.parity", "--bundle-only --formats --target --cpu"),
     "arm64": ("hrm_edge.verify.arm64_toolchain", "--no-pte"),
     "complete": ("hrm_edge.app.complete", "--artifacts --runtime --precision --max-new-tokens --temperature --top-k "
-                 "--top-p --seed --repetition-penalty --no-heal --threads --truncate --no-verify --speculative --draft-len "
+                 "--top-p --seed --repetition-penalty --no-heal --threads --truncate --no-verify --speculative --draft-len --lookup-len "
                  "--exit-threshold --adaptive --verbose"),
     "demo": ("hrm_edge.app.demo", "--host --port --no-verify --quiet --verbose --keyboard-bench --keyboard-chars "
                                    "--keyboard-text --keyboard-model"),
     "bench": ("hrm_edge.measure.bench", "--threads --seq-len --repeats --prompt-len --new-tokens --no-baseline --peers "
-              "--rounds --no-weight-cache --json --no-verify --verbose"),
+              "--rounds --lookup-len --no-weight-cache --json --no-verify --verbose"),
     "peers": ("hrm_edge.measure.peers", "--out --shape --build-only --threads --prompt-len --new-tokens --repeats "
               "--no-weight-cache --json --verbose"),
     "evaluate": ("hrm_edge.measure.evaluate", "--corpus --max-bytes --seq-len --samples --threads --out --depth-curve "

@@ -91,6 +91,7 @@ def test_measure_decode_row_has_the_bench_keys_and_its_numbers():
     assert (row["artifact"], row["prompt_len"], row["new_tokens"], row["weight_cache"]) == ("counting", 5, 9, False)
     assert row["prefill_tokens_per_s"] == pytest.approx(5 / (row["ttft_ms"] / 1e3))
     assert row["decode_tokens_per_s"] > 0 and row["load_s"] > 0 and row["peak_rss_mb"] > 10
+    assert row["generations"] == 3  # random prompts: --repeats generations
 
 
 def test_a_failing_child_is_one_error_with_its_stderr(tmp_path):

@@ -15,7 +15,7 @@ from hrm_edge.runtime.decoders import decode_logits, generate
 TINY = PeerShape(d_model=64, n_heads=4, ffn_hidden=192, n_layers=2, vocab_size=512, max_seq_len=64)
 # what hrm_edge.measure.harness's measure_decode returns for every program, so a peer row sits in bench's table
 BENCH_DECODE_KEYS = {"artifact", "threads", "prompt_len", "new_tokens", "weight_cache", "load_s", "ttft_ms",
-                     "prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_mb", "prompts"}
+                     "prefill_tokens_per_s", "decode_tokens_per_s", "peak_rss_mb", "prompts", "generations"}
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ from hrm_edge.model.eager import EagerDecoder, EagerSpeculativeDecoder
 from hrm_edge.model.lm import HRMLM, CachedDraftForm, CachedVerifyForm, KVCache
 from hrm_edge.runtime.decoders import PteDecoder, Sampling, generate
 from hrm_edge.runtime.manifest import Artifact
-from hrm_edge.runtime.speculative import PteSpeculativeDecoder, accept_greedy, accept_sampled, generate_speculative
+from hrm_edge.runtime.speculative import (PteSpeculativeDecoder, accept_greedy, accept_sampled, context_guess,
+                                          generate_speculative, one_hot_probs)
 from hrm_edge.train.tokenizer import load_tokenizer
 
 SHIPPED = REPO / "hrm_edge" / "default_model"
@@ -46,11 +47,73 @@ def tiny_model(seed: int = 0) -> HRMLM:
 def test_greedy_equals_full_depth_greedy(draft_len, start):
     model, prompt = shipped()[0], code_prompt(start)
     full = generate(EagerDecoder(model), prompt, 60)
-    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 60, draft_len=draft_len)
+    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 60, draft_len=draft_len, lookup_len=0)
     assert spec.tokens == full.tokens and len(full.tokens) == 60
     assert spec.rounds == len(spec.round_tokens) and sum(spec.round_tokens) == 60 - 1
     assert 0 < spec.accepted < spec.proposed  # both paths ran: kept drafts and corrections
-    assert max(spec.round_tokens) <= draft_len + 1
+    assert max(spec.round_tokens) <= draft_len + 1 and spec.lookup_rounds == 0
+
+
+@pytest.mark.parametrize("start", [0, 1800])
+def test_context_lookup_keeps_the_full_depth_greedy_text(start):
+    """Rounds drafted from a context guess (one draft call for the guess) and rounds drafted by the first cycle
+    both ran, and the text is still the full model's, token for token."""
+    model, prompt = shipped()[0], code_prompt(start, 400)
+    full = generate(EagerDecoder(model), prompt, 80)
+    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 80, draft_len=4, lookup_len=8)
+    assert spec.tokens == full.tokens and len(full.tokens) == 80
+    assert 0 < spec.lookup_rounds < spec.rounds and sum(spec.round_tokens) == 80 - 1
+    assert max(spec.round_tokens) <= 8 + 1
+
+
+def test_context_guess():
+    ctx = [5, 6, 7, 8, 9, 1, 5, 6, 7, 2, 3, 6, 7]
+    assert context_guess(ctx, 3) == [2, 3, 6]  # 6 7 last followed by 2 3 6 (the latest earlier occurrence)
+    assert context_guess(ctx, 10) == [2, 3, 6, 7]  # up to the context's end
+    assert context_guess(ctx + [5], 4) == []  # "6 7 5" never occurred, "7 5" neither, and n = 1 is not tried
+    assert context_guess(ctx + [5], 4, ngrams=(3, 2, 1)) == [6, 7, 2, 3]  # the latest earlier 5
+    assert context_guess([1, 2, 3], 4) == [] and context_guess(ctx, 0) == []
+
+
+def test_draft_many_is_one_call_of_the_per_token_drafts():
+    """draft_many over n tokens writes and returns what n draft calls do: the verify after it gives the same logits."""
+    model = tiny_model(3)
+    tokens = [4, 8, 15, 16, 23, 42, 7, 1, 30]
+    one, many = EagerSpeculativeDecoder(model), EagerSpeculativeDecoder(model)
+    for dec in (one, many):
+        dec.prefill(np.array(tokens[:5]))
+    per_token = np.stack([one.draft(t) for t in tokens[5:]])
+    batched = many.draft_many(tokens[5:])
+    np.testing.assert_allclose(batched, per_token, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(many.verify(), one.verify(), atol=2e-5, rtol=0)
+
+
+def test_verify_many_is_the_full_depth_of_a_guess():
+    """verify_many over n tokens gives the full model's logits there, and leaves the caches a later round reads."""
+    model = tiny_model(4)
+    tokens = [4, 8, 15, 16, 23, 42, 7, 1, 30, 2, 9]
+    dec = EagerSpeculativeDecoder(model)
+    dec.prefill(np.array(tokens[:5]))
+    many = dec.verify_many(tokens[5:9])
+    dec.commit(4)
+    for t in tokens[9:]:
+        dec.draft(t)
+    after = dec.verify()
+    with torch.no_grad():
+        reference = model(torch.tensor([tokens]))[0].numpy()
+    np.testing.assert_allclose(many, reference[5:9], atol=2e-4, rtol=0)
+    np.testing.assert_allclose(after, reference[9:], atol=2e-4, rtol=0)
+
+
+def test_a_guess_as_a_point_mass_draft_keeps_the_target_distribution():
+    """Sampling with a context guess: q is one-hot on the guess, kept with probability p(d), else p without d."""
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    logits = np.log(p)[None, :].repeat(2, 0)
+    s, rng = Sampling(temperature=1.0), np.random.default_rng(1)
+    counts = np.zeros(4)
+    for _ in range(20000):
+        counts[accept_sampled(logits, one_hot_probs([2], 4), [2], s, rng)[0]] += 1
+    np.testing.assert_allclose(counts / counts.sum(), p, atol=0.015)
 
 
 def test_verified_logits_equal_the_full_models():
@@ -177,6 +240,8 @@ def test_pte_speculative_program_is_exact(tmp_path):
     for draft_len, start in [(3, 900), (6, 2700)]:
         prompt = code_prompt(start)
         plain = generate(full, prompt, 60)
-        g = generate_speculative(spec, prompt, 60, draft_len=draft_len)
+        g = generate_speculative(spec, prompt, 60, draft_len=draft_len, lookup_len=0)
         assert g.tokens == plain.tokens and len(g.tokens) == 60
         assert 0 < g.accepted < g.proposed  # kept drafts and corrections both ran
+        looked_up = generate_speculative(spec, prompt, 60, draft_len=draft_len)  # guesses verified by forward
+        assert looked_up.tokens == plain.tokens and looked_up.lookup_rounds > 0

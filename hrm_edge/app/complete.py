@@ -26,8 +26,8 @@ from hrm_edge.quiet import native_stderr_to, quiet_third_party
 from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder, TopProbRule
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, Sampling, generate
 from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY, heal_prompt, token_bytes
-from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder,
-                                          generate_speculative, speculative_set)
+from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, DEFAULT_LOOKUP_LEN, OnnxSpeculativeDecoder,
+                                          PteSpeculativeDecoder, generate_speculative, speculative_set)
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
 from hrm_edge.train.tokenizer import eos_id, load_tokenizer
 
@@ -206,6 +206,9 @@ def parser() -> argparse.ArgumentParser:
                         "text as without it when greedy; the full model's distribution when sampling)")
     p.add_argument("--draft-len", type=int, default=DEFAULT_DRAFT_LEN,
                    help=f"--speculative: tokens drafted per verification (default {DEFAULT_DRAFT_LEN})")
+    p.add_argument("--lookup-len", type=int, default=DEFAULT_LOOKUP_LEN,
+                   help="--speculative: a round whose context already holds its text (prompt lookup) takes at most this "
+                        f"many proposals from it, drafted in one call (default {DEFAULT_LOOKUP_LEN}; 0: never)")
     p.add_argument("--exit-threshold", type=float, metavar="P",
                    help="adaptive depth: a decoded token stops after the first outer cycle when that cycle's top "
                         "probability is >= P (P > 1: nothing exits, the full model's text); onnx and executorch run "
@@ -231,8 +234,8 @@ def main(argv=None) -> int:
     prompt = read_prompt(a.prompt)
     manifest = read_manifest(a.artifacts)
     t_verify = time.perf_counter()
-    if not 1 <= a.draft_len <= 16:
-        raise UserError("--draft-len must be in 1..16")
+    if not 1 <= a.draft_len <= 16 or not 0 <= a.lookup_len <= 64:
+        raise UserError("--draft-len must be in 1..16, --lookup-len in 0..64")
     if a.adaptive and a.exit_threshold is None:
         a.exit_threshold = DEFAULT_EXIT_THRESHOLD
     if a.exit_threshold is not None and (a.speculative or not a.exit_threshold >= 0):
@@ -266,7 +269,8 @@ def main(argv=None) -> int:
     vocab_bytes = token_bytes(tok)
     context, heal = heal_prompt(ids, vocab_bytes) if not a.no_heal else (ids, None)
     stream = TextStream(vocab_bytes, write, skip=len(heal.prefix) if heal else 0)
-    run = functools.partial(generate_speculative, draft_len=a.draft_len) if a.speculative else generate
+    run = (functools.partial(generate_speculative, draft_len=a.draft_len, lookup_len=a.lookup_len) if a.speculative
+           else generate)
     sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed, a.repetition_penalty)
     g = run(decoder, context, a.max_new_tokens, sampling, eos_id=eos_id(tok), on_token=stream.add, heal=heal)
     stream.finish()

@@ -43,6 +43,7 @@ from hrm_edge.model.checkpoint import save_model
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
 from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD
 from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN as DRAFT_LEN
+from hrm_edge.runtime.speculative import DEFAULT_LOOKUP_LEN
 from hrm_edge.runtime.speculative import speculative_set
 from hrm_edge.runtime.xnnpack_options import child_flags, weight_cache_enabled
 from hrm_edge.verify.parity import host_target, load_bundle, perplexity, run_onnx
@@ -114,8 +115,8 @@ class DecodeJob:
     def measure(self, t: DecodeTiming, verbose: bool = False) -> dict:
         kind = "peer-decode" if self.model == "peer" else "decode"
         graphs = ("--draft", self.draft, "--verify", self.verify) if self.draft else ()
-        flag = {"full": (), "speculative": ("--draft-len", DRAFT_LEN), "adaptive": ("--exit-threshold",
-                                                                                   DEFAULT_EXIT_THRESHOLD)}[self.mode]
+        flag = {"full": (), "speculative": ("--draft-len", DRAFT_LEN, "--lookup-len", t.lookup_len),
+                "adaptive": ("--exit-threshold", DEFAULT_EXIT_THRESHOLD)}[self.mode]
         extra = (*flag, *graphs) if flag else ()
         return decode_in_child(kind, self.folder, self.name, t, verbose, tuple(map(str, extra)))
 
@@ -323,12 +324,20 @@ def weight_cache_words(on: bool) -> str:
     return ".pte programs with XNNPACK's weight cache off (--no-weight-cache: the pip wheel's default)"
 
 
+def generations(result: dict) -> int:
+    """Generations per program and round: a row's own count (every prompt once at least), or, in a bench.json
+    written before rows held it, --repeats // 3."""
+    rows = result["decode"]["rows"]
+    return rows[0].get("generations", max(1, result["repeats"] // 3)) if rows else max(1, result["repeats"] // 3)
+
+
 def render_decode_table(result: dict) -> str:
     d = result["decode"]
     lines = [f"Generation with a KV cache, batch 1, {d['prompt_len']}-token prompts cut from the validation text then "
              f"{d['new_tokens']} greedy tokens, "
              f"{result['threads']} thread(s), {result['target']}; each program in a fresh process, median of "
-             f"{max(1, result['repeats'] // 3)} generations, the median of {d['rounds']} interleaved round(s); "
+             f"{generations(result)} generations (every prompt at least once), the median of {d['rounds']} interleaved "
+             f"round(s); "
              f"{weight_cache_words(d.get('weight_cache', False))}.{cpu_words(result)}", "",
              "| model | program | bytes | load s | time to first token ms | prefill tok/s | decode tok/s | "
              "decode vs eager fp32 | vs unshared baseline | vs peer (same runtime and precision class) | peak RSS MB |",
@@ -350,7 +359,9 @@ MODES = ("full", "speculative", "adaptive")  # decode modes, in the order the ta
 def mode_words(r: dict) -> str:
     """What a decode row's mode adds to its program's name."""
     if r.get("mode") == "speculative":
-        return f" speculative k={r['draft_len']}, {r['acceptance']:.0%} kept"
+        lookup = (f", context lookup <= {r['lookup_len']} in {r['lookup_share']:.0%} of rounds"
+                  if r.get("lookup_len") else "")
+        return f" speculative k={r['draft_len']}, {r['acceptance']:.0%} kept{lookup}"
     if r.get("mode") == "adaptive":
         vs = f", {r['speedup_vs_full_depth']:.2f}x full depth" if "speedup_vs_full_depth" in r else ""
         return f" adaptive, top prob >= {r['exit_threshold']:g}: {r['exit_rate']:.0%} exited{vs}"
@@ -461,14 +472,18 @@ def main(argv=None) -> int:
                    help="run the .pte programs with XNNPACK's weight cache off, as the pip wheel does by default (default: "
                         "on, as ExecuTorch's Android and iOS builds run them: a weight shared by several operators, such "
                         "as our block's, is packed once instead of once per operator)")
+    p.add_argument("--lookup-len", type=int, default=DEFAULT_LOOKUP_LEN,
+                   help="self-speculative decoding: a round whose context already holds its text (prompt lookup) takes "
+                        f"at most this many proposals from it, drafted in one call (default {DEFAULT_LOOKUP_LEN}; 0: the "
+                        "first cycle drafts every round)")
     p.add_argument("--json", type=Path, help="where to write the JSON results (default DIR/bench.json)")
     p.add_argument("--no-verify", action="store_true", help="run the artifacts without first checking them against "
                    "the manifest's sha256 (for artifacts edited on purpose)")
     p.add_argument("--verbose", action="store_true", help="show the runtimes' and the export stack's own log lines "
                    "and warnings (the benchmark processes' stderr too)")
     a = p.parse_args(argv)
-    if a.threads < 1 or a.repeats < 1 or a.rounds < 1:
-        raise UserError("--threads, --repeats and --rounds must be >= 1")
+    if a.threads < 1 or a.repeats < 1 or a.rounds < 1 or a.lookup_len < 0:
+        raise UserError("--threads, --repeats and --rounds must be >= 1, --lookup-len >= 0")
     quiet_third_party(a.verbose)
     manifest = read_manifest(a.dir)
     verify_files(a.dir, manifest, no_verify=a.no_verify)  # every file it loads; its children trust this check
@@ -484,7 +499,8 @@ def main(argv=None) -> int:
     result = run_bench(a.dir, a.threads, a.seq_len, a.repeats, ort_baseline=not a.no_baseline,
                        weight_cache=not a.no_weight_cache, verbose=a.verbose)
     print("decode benchmark:")
-    timing = DecodeTiming(a.threads, prompt_len, new_tokens, max(1, a.repeats // 3), a.rounds, not a.no_weight_cache)
+    timing = DecodeTiming(a.threads, prompt_len, new_tokens, max(1, a.repeats // 3), a.rounds, not a.no_weight_cache,
+                          lookup_len=a.lookup_len)
     result["decode"] = run_decode_bench(a.dir, timing, baseline=not a.no_baseline, peers=a.peers, verbose=a.verbose)
     table = render_peer_ratios(result) + "\n" + render_table(result) + "\n" + render_decode_table(result)
     result["depth_dial"] = depth_dial_rows(manifest, result["decode"])

@@ -142,6 +142,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-weight-cache", action="store_true", help="XNNPACK's weight cache off for .pte programs")
     p.add_argument("--prompts", default="", help="decode: .npy [n, prompt-len] of real-text prompts (default: random)")
     p.add_argument("--draft-len", type=int, default=0, help="decode: self-speculative with this many drafts a round")
+    p.add_argument("--lookup-len", type=int, default=0,
+                   help="decode, speculative: at most this many proposals a round from the context (0: none)")
     p.add_argument("--draft", default="", help="decode, speculative ONNX: the draft graph's file name in DIR "
                                                "(a .pte program has draft and verify methods)")
     p.add_argument("--verify", default="", help="decode, speculative ONNX: the verify graph's file name in DIR")
@@ -164,8 +166,9 @@ def main(argv=None) -> int:
             row["exit_threshold"] = a.exit_threshold
         elif a.draft_len:
             row = measure_decode(lambda: open_speculative_decoder(a.dir, a.artifact, a.draft, a.verify, t),
-                                 a.artifact, t, functools.partial(generate_speculative, draft_len=a.draft_len))
-            row["draft_len"] = a.draft_len
+                                 a.artifact, t, functools.partial(generate_speculative, draft_len=a.draft_len,
+                                                                  lookup_len=a.lookup_len))
+            row |= {"draft_len": a.draft_len, "lookup_len": a.lookup_len}
         else:
             row = measure_decode(lambda: open_decoder(a.kind, a.dir, a.artifact, t), a.artifact, t, generate)
     print(json.dumps(row))

@@ -27,6 +27,7 @@ from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_write_text, sha256_file
 from hrm_edge.runtime.decoders import Decoder, generate
 from hrm_edge.runtime.manifest import BUNDLE
+from hrm_edge.runtime.speculative import DEFAULT_LOOKUP_LEN
 from hrm_edge.verify.parity import load_bundle
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding hrm_edge/, for the children's PYTHONPATH
@@ -155,6 +156,7 @@ class DecodeTiming:
     rounds: int = 1
     weight_cache: bool = True
     prompts: str = ""  # .npy [n, prompt_len] of real text (text_prompts); "": random ids (a shape-only timing)
+    lookup_len: int = DEFAULT_LOOKUP_LEN  # speculative rounds' most proposals from the context (0: first cycle only)
 
     def child_args(self) -> list[str]:
         return ["--prompt-len", str(self.prompt_len), "--new-tokens", str(self.new_tokens), "--repeats",
@@ -185,7 +187,8 @@ def decode_in_child(kind: str, folder: Path, artifact: str, t: DecodeTiming, ver
 def measure_decode(open_decoder: Callable[[], Decoder], artifact: str, t: DecodeTiming,
                    generate_fn: Callable = generate) -> dict:
     """Load time includes a one-token prefill (lazy initialisation: weight packing), then `repeats` runs of a
-    prompt_len prompt (t.prompts' rows in turn, else random ids) + new_tokens greedy tokens; medians. The caller
+    prompt_len prompt (t.prompts' rows in turn, each at least once: a speculative decoder's speed depends on the
+    text; else random ids) + new_tokens greedy tokens; medians. The caller
     has done the imports. generate_fn: generate, a speculative decoder's generate_speculative, or an adaptive
     decoder's generate_adaptive."""
     t0 = time.perf_counter()
@@ -194,18 +197,20 @@ def measure_decode(open_decoder: Callable[[], Decoder], artifact: str, t: Decode
     load_s = time.perf_counter() - t0
     prompts = (np.load(t.prompts)[:, : t.prompt_len] if t.prompts
                else np.random.default_rng(0).integers(0, vocab, size=(1, t.prompt_len)))
-    runs = [generate_fn(decoder, prompts[i % len(prompts)].tolist(), t.new_tokens) for i in range(t.repeats)]
+    count = max(t.repeats, len(prompts)) if t.prompts else t.repeats
+    runs = [generate_fn(decoder, prompts[i % len(prompts)].tolist(), t.new_tokens) for i in range(count)]
     prefill_s = statistics.median(g.prefill_s for g in runs)
     decode = statistics.median(g.decode_tokens_per_s for g in runs)
     row = {"artifact": artifact, "threads": t.threads, "prompt_len": t.prompt_len, "new_tokens": t.new_tokens,
            "weight_cache": t.weight_cache, "load_s": load_s, "ttft_ms": prefill_s * 1e3,
            "prefill_tokens_per_s": t.prompt_len / prefill_s, "decode_tokens_per_s": decode,
-           "peak_rss_mb": peak_rss_mb(), "prompts": "text" if t.prompts else "random"}
+           "peak_rss_mb": peak_rss_mb(), "prompts": "text" if t.prompts else "random", "generations": count}
     if hasattr(runs[0], "exit_rate"):  # adaptive depth: decoded tokens that exited after the first cycle
         row["exit_rate"] = statistics.median(g.exit_rate for g in runs)
     if hasattr(runs[0], "acceptance"):  # speculative: how often the first cycle's draft was kept
         row |= {"acceptance": statistics.median(g.acceptance for g in runs),
-                "tokens_per_round": statistics.median(g.tokens_per_round for g in runs)}
+                "tokens_per_round": statistics.median(g.tokens_per_round for g in runs),
+                "lookup_share": statistics.median(g.lookup_rounds / max(1, g.rounds) for g in runs)}
     return row
 
 

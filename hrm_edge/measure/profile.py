@@ -21,7 +21,8 @@ import onnx
 
 from hrm_edge.export.onnx_passes import step_op_counts
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder
-from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder, speculative_set
+from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, DEFAULT_LOOKUP_LEN, OnnxSpeculativeDecoder,
+                                          PteSpeculativeDecoder, speculative_set)
 
 
 CONTAINERS = {"Loop", "If", "Scan"}  # their time is their body's nodes', which the profile lists too
@@ -95,12 +96,14 @@ def _median_us(call, decoder, saved: dict, calls: int) -> float:
 def round_costs(path: Path, calls: int = 100, prompt_len: int = 128) -> dict:
     """One thread, at position prompt_len (a prompt cut from the export's calibration windows: real text): median
     microseconds of one full-depth decode step of the KV program, one draft call, and one verify call over n = 1 ..
-    DEFAULT_DRAFT_LEN + 1 drafted positions. path: a .spec.pte (its KV program: the sibling .kv.pte) or any graph of
-    an ONNX speculative set. A round of draft length k costs (k + 1) drafts + verify(k + 1) and yields its
+    DEFAULT_DRAFT_LEN + 1 drafted positions, and a context-guess round of DEFAULT_LOOKUP_LEN + 1 positions. path: a
+    .spec.pte (its KV program: the sibling .kv.pte; XNNPACK's weight cache on) or any graph of an ONNX speculative set. A round of draft length k costs (k + 1) drafts + verify(k + 1) and yields its
     tokens_per_round: it beats plain decoding where that is less than tokens_per_round steps ("break_even")."""
     prompt = np.load(path.parent / "calibration_set.npz")["windows"][0, :prompt_len]
     if path.suffix == ".pte":
-        full, spec = PteDecoder(path.with_name(path.name.replace(".spec.", ".kv.")), 1), PteSpeculativeDecoder(path, 1)
+        # XNNPACK's weight cache on, as the bench and ExecuTorch's phone builds run the programs
+        kv = path.with_name(path.name.replace(".spec.", ".kv."))
+        full, spec = PteDecoder(kv, 1, weight_cache=True), PteSpeculativeDecoder(path, 1, weight_cache=True)
     else:
         files = [path.parent / name for name in speculative_set(path.name)]
         full, spec = OnnxDecoder(files[0], 1), OnnxSpeculativeDecoder(*files, threads=1)
@@ -120,9 +123,15 @@ def round_costs(path: Path, calls: int = 100, prompt_len: int = 128) -> dict:
             spec.pending_tokens, spec.pending_states = pending
             spec.verify()
         verify[n] = _median_us(verify_once, spec, _snapshot(spec), calls)
-    n = DEFAULT_DRAFT_LEN + 1
+    n, m = DEFAULT_DRAFT_LEN + 1, DEFAULT_LOOKUP_LEN + 1
     return {"step_us": step, "draft_us": draft, "verify_us": verify,
-            "break_even": (n * draft + verify[n]) / step}  # tokens a round must yield to match plain decoding
+            "break_even": (n * draft + verify[n]) / step,  # tokens a round must yield to match plain decoding
+            "guess_us": _guess_round_us(spec, prefilled, [token] * m, calls), "guess_len": m}
+
+
+def _guess_round_us(spec, prefilled: dict, tokens: list[int], calls: int) -> float:
+    """Median microseconds of a context-guess round of len(tokens) positions (verify_many)."""
+    return _median_us(lambda: spec.verify_many(tokens), spec, prefilled, calls)
 
 
 def print_round_costs(path: str, calls: int = 100) -> None:
@@ -132,3 +141,6 @@ def print_round_costs(path: str, calls: int = 100) -> None:
           f"({c['draft_us'] / c['step_us']:.0%} of a step), verify " +
           ", ".join(f"{k} pos {us:.0f} us" for k, us in c["verify_us"].items()))
     print(f"  a round of {n} drafts + verify({n}) matches plain decoding at {c['break_even']:.2f} tokens per round")
+    m = c["guess_len"]
+    print(f"  a context-guess round of {m} positions (verify_many) {c['guess_us']:.0f} us: it matches plain decoding at "
+          f"{c['guess_us'] / c['step_us']:.2f} tokens per round")

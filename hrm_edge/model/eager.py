@@ -76,6 +76,16 @@ class EagerSpeculativeDecoder(EagerDecoder):
         self.pending.append((token, state))
         return logits[0, -1].numpy()
 
+    def draft_many(self, tokens: list[int]) -> np.ndarray:  # -> cycle-1 logits [n, V]
+        with torch.no_grad():
+            logits, state = self.draft_form(torch.tensor([tokens]), torch.tensor([self.pos + len(self.pending)]))
+        self.pending += [(token, state[:, :, i: i + 1]) for i, token in enumerate(tokens)]  # state [2, 1, n, D]
+        return logits[0].numpy()
+
+    def verify_many(self, tokens: list[int]) -> np.ndarray:  # -> full logits [n, V]
+        self.draft_many(tokens)
+        return self.verify()
+
     def verify(self) -> np.ndarray:  # -> full logits [n, V] at the pending positions
         tokens = torch.tensor([[token for token, _ in self.pending]])  # [1, n]
         states = torch.cat([s for _, s in self.pending], dim=2)  # [2, 1, n, D]

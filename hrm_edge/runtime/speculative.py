@@ -13,10 +13,19 @@ argmax equals the full depth's most of the time. One round, starting at position
     accept  the full model's token at each position while the draft's proposal agrees; the first disagreement
             (or the bonus token after the last position) ends the round: between 1 and k + 1 new tokens
 
+Where the context already holds the round's text (code repeats names, calls and whole lines; a greedy
+continuation repeats itself), the round's proposals come from the context instead (prompt lookup: the tokens that
+followed the latest earlier occurrence of the last few tokens, context_guess), and the full depth runs over all of
+them at once (verify_many: one call of the KV program where the runtime has one that shares the caches, else one
+draft call for all of them and the verify). Verification is the same, so the output is still the full model's; a
+guess costs about one batched full-depth call of its length and yields at least one token.
+
 Positions after a disagreement were computed from a wrong input; they are dropped (commit) and rewritten by
 the next round before anything attends to them. A decoder that supports this has, besides reset() and
 prefill(tokens [S]) -> full logits [S, V]:
     draft(token) -> the first cycle's logits [V] at the next pending position
+    verify_many(tokens) -> the full model's logits [n, V] at the next n positions (nothing pending before it), as
+                the pending positions of one call (ONNX and eager: draft_many, the first cycle over all n, then verify)
     verify() -> the full model's logits [n, V] at the n positions drafted since the last commit
     commit(n)   keeps the first n pending positions and drops the rest
     skip()      instead of verify(), where can_skip: the pending positions exit after the first cycle
@@ -37,6 +46,8 @@ from hrm_edge.runtime.decoders import (Generation, OnnxDecoder, PteDecoder, Samp
 from hrm_edge.runtime.healing import Heal, penalize_repetition, shape_logits
 
 DEFAULT_DRAFT_LEN = 4  # k: proposals verified per round (measured: see docs/measurements.md)
+DEFAULT_LOOKUP_LEN = 8  # most proposals a round takes from the context (0: the first cycle drafts every round)
+LOOKUP_NGRAMS = (3, 2)  # the context's last n tokens looked up, longest first
 PROGRAMS = ("kv", "draft", "verify")  # the file-name word of each graph: hrm.fp32.kv.onnx, hrm.fp32.draft.onnx, ...
 
 
@@ -54,6 +65,7 @@ class SpeculativeGeneration(Generation):
     proposed: int = 0  # draft tokens offered to verification
     accepted: int = 0  # of those, the ones the full model kept
     round_tokens: list = field(default_factory=list)
+    lookup_rounds: int = 0  # rounds whose proposals came from the context (context_guess)
 
     @property
     def acceptance(self) -> float:
@@ -62,6 +74,32 @@ class SpeculativeGeneration(Generation):
     @property
     def tokens_per_round(self) -> float:
         return float(np.mean(self.round_tokens)) if self.round_tokens else 0.0
+
+
+def context_guess(context: list[int], max_len: int, ngrams: tuple = LOOKUP_NGRAMS) -> list[int]:
+    """Prompt lookup: the (at most max_len) tokens that followed the latest earlier occurrence of the context's last
+    n tokens, for the first n of `ngrams` that occurs; [] when none does (or max_len < 1)."""
+    if max_len < 1:
+        return []
+    ids = np.asarray(context, dtype=np.int64)
+    for n in ngrams:
+        if len(ids) <= n:
+            continue
+        # windows[j] = ids[j : j + n], for the starts j whose continuation is inside the context
+        windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)  # [len - n, n]
+        hits = np.flatnonzero((windows == ids[-n:]).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n
+            return ids[start: start + max_len].tolist()
+    return []
+
+
+def one_hot_probs(tokens: list[int], vocab: int) -> list[np.ndarray]:
+    """A context guess as draft distributions q (a point mass on each guessed token): speculative sampling keeps
+    guess d with probability p(d) and otherwise samples p with d removed, so the output stays the full model's."""
+    probs = np.zeros((len(tokens), vocab))
+    probs[np.arange(len(tokens)), tokens] = 1.0
+    return list(probs)
 
 
 def accept_greedy(full: np.ndarray, proposals: list[int], context: list[int] = (), penalty: float = 1.0) -> list[int]:
@@ -104,13 +142,19 @@ def accept_sampled(full: np.ndarray, draft_probs: list[np.ndarray], proposals: l
 def teacher_forced_logits(decoder, tokens: np.ndarray, prefill_len: int, draft_len: int) -> np.ndarray:
     """tokens [N, S]: prefill the first prefill_len tokens, then draft the given tokens and verify them in rounds of
     draft_len + 1 positions; the full model's logits at every position [N, S, V] (what the parity gate compares
-    with the eager model: the verify graph's logits at every verified position, across rounds)."""
+    with the eager model: the verify graph's logits at every verified position, across rounds). Rounds alternate
+    between one draft call per position + verify and one verify_many call (a context guess's round), so both
+    ways of verifying are checked."""
     out = []
     for row in tokens:
         decoder.reset()
         logits = [decoder.prefill(row[:prefill_len])]
-        for start in range(prefill_len, len(row), draft_len + 1):
+        for i, start in enumerate(range(prefill_len, len(row), draft_len + 1)):
             chunk = row[start: start + draft_len + 1]
+            if i % 2:
+                logits.append(decoder.verify_many([int(token) for token in chunk]))
+                decoder.commit(len(chunk))
+                continue
             for token in chunk:
                 decoder.draft(int(token))
             logits.append(decoder.verify())
@@ -141,8 +185,11 @@ def draft_round(decoder, token: int, n: int, s: Sampling, rng: np.random.Generat
 
 def generate_speculative(decoder, prompt: list[int], max_new_tokens: int, sampling: Sampling = Sampling(),
                          eos_id: int | None = None, on_token: Callable[[int], None] | None = None,
-                         draft_len: int = DEFAULT_DRAFT_LEN, heal: Heal | None = None) -> SpeculativeGeneration:
-    """hrm_edge.runtime.decoders.generate's contract, drafted by the first cycle and verified by the full depth."""
+                         draft_len: int = DEFAULT_DRAFT_LEN, heal: Heal | None = None,
+                         lookup_len: int = DEFAULT_LOOKUP_LEN) -> SpeculativeGeneration:
+    """hrm_edge.runtime.decoders.generate's contract, drafted by the first cycle and verified by the full depth. A
+    round whose context holds a guess (context_guess, at most lookup_len tokens; 0: never) drafts the guess in one
+    call; any other round drafts draft_len proposals one call each."""
     rng = np.random.default_rng(sampling.seed)
     g = SpeculativeGeneration(prompt_len=len(prompt), draft_len=draft_len)
     logits, room = prefill_prompt(decoder, prompt, g)
@@ -157,12 +204,21 @@ def generate_speculative(decoder, prompt: list[int], max_new_tokens: int, sampli
         if g.stopped_at_eos or len(g.tokens) >= budget:
             break
         # positions left in the context: the round drafts at most that many (its last input is g.tokens[-1])
-        n = min(draft_len + 1, budget - len(g.tokens))
+        room_left = budget - len(g.tokens)
         context = list(prompt) + g.tokens
-        proposals, probs = draft_round(decoder, g.tokens[-1], n, sampling, rng, context)
-        full = decoder.verify()  # [n, V]
-        new = (accept_greedy(full, proposals, context, penalty) if sampling.temperature <= 0
-               else accept_sampled(full, probs, proposals, sampling, rng, context))
+        guess = context_guess(context, min(lookup_len, room_left - 1))
+        if guess:
+            full = decoder.verify_many([g.tokens[-1], *guess])  # [n, V]
+            proposals, probs = guess, None
+            g.lookup_rounds += 1
+        else:
+            proposals, probs = draft_round(decoder, g.tokens[-1], min(draft_len + 1, room_left), sampling, rng, context)
+            full = decoder.verify()  # [n, V]
+        if sampling.temperature <= 0:
+            new = accept_greedy(full, proposals, context, penalty)
+        else:
+            probs = one_hot_probs(proposals, full.shape[-1]) if probs is None else probs
+            new = accept_sampled(full, probs, proposals, sampling, rng, context)
         decoder.commit(len(new))
         g.rounds += 1
         g.proposed += len(proposals)
@@ -202,6 +258,18 @@ class OnnxSpeculativeDecoder(OnnxDecoder):
         self.pending_tokens.append(token)
         self.pending_states.append(state)  # [2, 1, 1, D]
         return logits[0, -1]
+
+    def draft_many(self, tokens: list[int]) -> np.ndarray:  # -> cycle-1 logits [n, V]
+        logits, state, k, v = self.draft_session.run(None, {
+            "tokens": np.array([tokens], dtype=np.int64), "past_k": self.first[0], "past_v": self.first[1]})
+        self.first = (k, v)
+        self.pending_tokens.extend(tokens)
+        self.pending_states.append(state)  # [2, 1, n, D]
+        return logits[0]
+
+    def verify_many(self, tokens: list[int]) -> np.ndarray:  # -> full logits [n, V]
+        self.draft_many(tokens)
+        return self.verify()
 
     def verify(self) -> np.ndarray:  # -> full logits [n, V]
         logits, k, v = self.verify_session.run(None, {
@@ -252,6 +320,15 @@ class PteSpeculativeDecoder(PteDecoder):
         self.pending_tokens.append(token)
         self.pending_states.append(state)  # [2, 1, 1, D]
         return logits.numpy()[0, -1]
+
+    def verify_many(self, tokens: list[int]) -> np.ndarray:  # -> full logits [n, V]
+        """The program's forward method over the n tokens at pos: it writes every application's slots there, as draft
+        and verify would, in one call instead of two (a call of this program has a fixed cost that does not shrink
+        with the applications it runs: hrm_edge.measure.profile.round_costs)."""
+        t = self.torch
+        logits = self.method.execute([t.tensor([tokens], dtype=t.int64), t.tensor([self.pos], dtype=t.int64)])[0]
+        self.pending_tokens.extend(tokens)
+        return logits.numpy()[0]
 
     def verify(self) -> np.ndarray:  # -> full logits [n, V]
         t = self.torch
