@@ -14,7 +14,7 @@ from hrm_edge.app.complete import TextStream
 from hrm_edge.model.eager import EagerDecoder, EagerSpeculativeDecoder
 from hrm_edge.runtime.decoders import Sampling, generate
 from hrm_edge.runtime.healing import Heal, heal_prompt, penalize_repetition, shape_logits, token_bytes
-from hrm_edge.runtime.speculative import accept_greedy, generate_speculative
+from hrm_edge.runtime.speculative import RoundPlan, accept_greedy, generate_speculative
 from hrm_edge.train.tokenizer import load_tokenizer
 from test_speculative import code_prompt, shipped, tiny_model
 
@@ -150,7 +150,7 @@ def test_speculative_greedy_equals_plain_greedy_with_a_penalty(penalty, draft_le
     model, prompt = shipped()[0], code_prompt(start)
     s = Sampling(repetition_penalty=penalty)
     full = generate(EagerDecoder(model), prompt, 48, s)
-    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 48, s, draft_len=draft_len)
+    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 48, s, plan=RoundPlan(draft_len))
     assert spec.tokens == full.tokens and len(full.tokens) == 48
     assert full.tokens != generate(EagerDecoder(model), prompt, 48).tokens  # the penalty changed the text
     assert 0 < spec.accepted < spec.proposed

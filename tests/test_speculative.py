@@ -17,8 +17,8 @@ from hrm_edge.model.eager import EagerDecoder, EagerSpeculativeDecoder
 from hrm_edge.model.lm import HRMLM, CachedDraftForm, CachedVerifyForm, KVCache
 from hrm_edge.runtime.decoders import PteDecoder, Sampling, generate
 from hrm_edge.runtime.manifest import Artifact
-from hrm_edge.runtime.speculative import (PteSpeculativeDecoder, accept_greedy, accept_sampled, context_guess,
-                                          generate_speculative, one_hot_probs)
+from hrm_edge.runtime.speculative import (PteSpeculativeDecoder, RoundPlan, accept_greedy, accept_sampled,
+                                          context_guess, generate_speculative, one_hot_probs)
 from hrm_edge.train.tokenizer import load_tokenizer
 
 SHIPPED = REPO / "hrm_edge" / "default_model"
@@ -47,7 +47,7 @@ def tiny_model(seed: int = 0) -> HRMLM:
 def test_greedy_equals_full_depth_greedy(draft_len, start):
     model, prompt = shipped()[0], code_prompt(start)
     full = generate(EagerDecoder(model), prompt, 60)
-    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 60, draft_len=draft_len, lookup_len=0)
+    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 60, plan=RoundPlan(draft_len, lookup_len=0))
     assert spec.tokens == full.tokens and len(full.tokens) == 60
     assert spec.rounds == len(spec.round_tokens) and sum(spec.round_tokens) == 60 - 1
     assert 0 < spec.accepted < spec.proposed  # both paths ran: kept drafts and corrections
@@ -60,7 +60,7 @@ def test_context_lookup_keeps_the_full_depth_greedy_text(start):
     both ran, and the text is still the full model's, token for token."""
     model, prompt = shipped()[0], code_prompt(start, 400)
     full = generate(EagerDecoder(model), prompt, 80)
-    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 80, draft_len=4, lookup_len=8)
+    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 80, plan=RoundPlan(4, lookup_len=8))
     assert spec.tokens == full.tokens and len(full.tokens) == 80
     assert 0 < spec.lookup_rounds < spec.rounds and sum(spec.round_tokens) == 80 - 1
     assert max(spec.round_tokens) <= 8 + 1
@@ -134,11 +134,11 @@ def test_stops_at_eos_and_context():
     model = tiny_model()  # a random model: its drafts are all kept, which the other tests do not cover
     prompt = [3, 17, 5]
     full = generate(EagerDecoder(model), prompt, 500)  # the context (96) ends it
-    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 500, draft_len=4)
+    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 500, plan=RoundPlan(4))
     assert spec.tokens == full.tokens and len(spec.tokens) == 96 - 3
     eos = full.tokens[10]
     full = generate(EagerDecoder(model), prompt, 500, eos_id=eos)
-    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 500, eos_id=eos, draft_len=4)
+    spec = generate_speculative(EagerSpeculativeDecoder(model), prompt, 500, eos_id=eos, plan=RoundPlan(4))
     assert spec.tokens == full.tokens and spec.stopped_at_eos and spec.tokens[-1] == eos
 
 
@@ -240,8 +240,8 @@ def test_pte_speculative_program_is_exact(tmp_path):
     for draft_len, start in [(3, 900), (6, 2700)]:
         prompt = code_prompt(start)
         plain = generate(full, prompt, 60)
-        g = generate_speculative(spec, prompt, 60, draft_len=draft_len, lookup_len=0)
+        g = generate_speculative(spec, prompt, 60, plan=RoundPlan(draft_len, lookup_len=0))
         assert g.tokens == plain.tokens and len(g.tokens) == 60
         assert 0 < g.accepted < g.proposed  # kept drafts and corrections both ran
-        looked_up = generate_speculative(spec, prompt, 60, draft_len=draft_len)  # guesses verified by forward
+        looked_up = generate_speculative(spec, prompt, 60, plan=RoundPlan(draft_len))  # guesses verified by forward
         assert looked_up.tokens == plain.tokens and looked_up.lookup_rounds > 0

@@ -27,7 +27,7 @@ from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder, T
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, Sampling, generate
 from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY, heal_prompt, token_bytes
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, DEFAULT_LOOKUP_LEN, OnnxSpeculativeDecoder,
-                                          PteSpeculativeDecoder, generate_speculative, speculative_set)
+                                          PteSpeculativeDecoder, RoundPlan, generate_speculative, speculative_set)
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
 from hrm_edge.train.tokenizer import eos_id, load_tokenizer
 
@@ -208,7 +208,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"--speculative: tokens drafted per verification (default {DEFAULT_DRAFT_LEN})")
     p.add_argument("--lookup-len", type=int, default=DEFAULT_LOOKUP_LEN,
                    help="--speculative: a round whose context already holds its text (prompt lookup) takes at most this "
-                        f"many proposals from it, drafted in one call (default {DEFAULT_LOOKUP_LEN}; 0: never)")
+                        f"many proposals from it, verified in one call (default {DEFAULT_LOOKUP_LEN}; 0: never)")
     p.add_argument("--exit-threshold", type=float, metavar="P",
                    help="adaptive depth: a decoded token stops after the first outer cycle when that cycle's top "
                         "probability is >= P (P > 1: nothing exits, the full model's text); onnx and executorch run "
@@ -269,7 +269,7 @@ def main(argv=None) -> int:
     vocab_bytes = token_bytes(tok)
     context, heal = heal_prompt(ids, vocab_bytes) if not a.no_heal else (ids, None)
     stream = TextStream(vocab_bytes, write, skip=len(heal.prefix) if heal else 0)
-    run = (functools.partial(generate_speculative, draft_len=a.draft_len, lookup_len=a.lookup_len) if a.speculative
+    run = (functools.partial(generate_speculative, plan=RoundPlan(a.draft_len, a.lookup_len)) if a.speculative
            else generate)
     sampling = Sampling(a.temperature, a.top_k, a.top_p, a.seed, a.repetition_penalty)
     g = run(decoder, context, a.max_new_tokens, sampling, eos_id=eos_id(tok), on_token=stream.add, heal=heal)

@@ -42,9 +42,7 @@ from hrm_edge.measure.peers import PeerShape, build_peers, require_peer_extra
 from hrm_edge.model.checkpoint import save_model
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
 from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD
-from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN as DRAFT_LEN
-from hrm_edge.runtime.speculative import DEFAULT_LOOKUP_LEN
-from hrm_edge.runtime.speculative import speculative_set
+from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN as DRAFT_LEN, DEFAULT_LOOKUP_LEN, speculative_set
 from hrm_edge.runtime.xnnpack_options import child_flags, weight_cache_enabled
 from hrm_edge.verify.parity import host_target, load_bundle, perplexity, run_onnx
 
@@ -474,7 +472,7 @@ def main(argv=None) -> int:
                         "as our block's, is packed once instead of once per operator)")
     p.add_argument("--lookup-len", type=int, default=DEFAULT_LOOKUP_LEN,
                    help="self-speculative decoding: a round whose context already holds its text (prompt lookup) takes "
-                        f"at most this many proposals from it, drafted in one call (default {DEFAULT_LOOKUP_LEN}; 0: the "
+                        f"at most this many proposals from it, verified in one call (default {DEFAULT_LOOKUP_LEN}; 0: the "
                         "first cycle drafts every round)")
     p.add_argument("--json", type=Path, help="where to write the JSON results (default DIR/bench.json)")
     p.add_argument("--no-verify", action="store_true", help="run the artifacts without first checking them against "

@@ -29,7 +29,7 @@ from hrm_edge.measure.peers import peer_decoder
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.runtime.adaptive import AdaptiveDecoder, TopProbRule, generate_adaptive
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, generate, ort_session
-from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder, generate_speculative
+from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder, RoundPlan, generate_speculative
 from hrm_edge.runtime.manifest import read_manifest
 from hrm_edge.runtime.xnnpack_options import set_weight_cache
 
@@ -166,8 +166,8 @@ def main(argv=None) -> int:
             row["exit_threshold"] = a.exit_threshold
         elif a.draft_len:
             row = measure_decode(lambda: open_speculative_decoder(a.dir, a.artifact, a.draft, a.verify, t),
-                                 a.artifact, t, functools.partial(generate_speculative, draft_len=a.draft_len,
-                                                                  lookup_len=a.lookup_len))
+                                 a.artifact, t, functools.partial(generate_speculative,
+                                                                  plan=RoundPlan(a.draft_len, a.lookup_len)))
             row |= {"draft_len": a.draft_len, "lookup_len": a.lookup_len}
         else:
             row = measure_decode(lambda: open_decoder(a.kind, a.dir, a.artifact, t), a.artifact, t, generate)

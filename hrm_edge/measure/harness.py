@@ -188,8 +188,7 @@ def measure_decode(open_decoder: Callable[[], Decoder], artifact: str, t: Decode
                    generate_fn: Callable = generate) -> dict:
     """Load time includes a one-token prefill (lazy initialisation: weight packing), then `repeats` runs of a
     prompt_len prompt (t.prompts' rows in turn, each at least once: a speculative decoder's speed depends on the
-    text; else random ids) + new_tokens greedy tokens; medians. The caller
-    has done the imports. generate_fn: generate, a speculative decoder's generate_speculative, or an adaptive
+    text; else random ids) + new_tokens greedy tokens; medians. The caller has done the imports. generate_fn: generate, a speculative decoder's generate_speculative, or an adaptive
     decoder's generate_adaptive."""
     t0 = time.perf_counter()
     decoder = open_decoder()

@@ -97,8 +97,9 @@ def round_costs(path: Path, calls: int = 100, prompt_len: int = 128) -> dict:
     """One thread, at position prompt_len (a prompt cut from the export's calibration windows: real text): median
     microseconds of one full-depth decode step of the KV program, one draft call, and one verify call over n = 1 ..
     DEFAULT_DRAFT_LEN + 1 drafted positions, and a context-guess round of DEFAULT_LOOKUP_LEN + 1 positions. path: a
-    .spec.pte (its KV program: the sibling .kv.pte; XNNPACK's weight cache on) or any graph of an ONNX speculative set. A round of draft length k costs (k + 1) drafts + verify(k + 1) and yields its
-    tokens_per_round: it beats plain decoding where that is less than tokens_per_round steps ("break_even")."""
+    .spec.pte (its KV program: the sibling .kv.pte; XNNPACK's weight cache on) or any graph of an ONNX speculative
+    set. A round of draft length k costs (k + 1) drafts + verify(k + 1) and yields its tokens_per_round: it beats
+    plain decoding where that is less than tokens_per_round steps ("break_even")."""
     prompt = np.load(path.parent / "calibration_set.npz")["windows"][0, :prompt_len]
     if path.suffix == ".pte":
         # XNNPACK's weight cache on, as the bench and ExecuTorch's phone builds run the programs

@@ -76,6 +76,14 @@ class SpeculativeGeneration(Generation):
         return float(np.mean(self.round_tokens)) if self.round_tokens else 0.0
 
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """How a self-speculative round gets its proposals: from the context where it holds a guess (context_guess, at
+    most lookup_len tokens, 0: never), else draft_len first-cycle drafts, one call each."""
+    draft_len: int = DEFAULT_DRAFT_LEN
+    lookup_len: int = DEFAULT_LOOKUP_LEN
+
+
 def context_guess(context: list[int], max_len: int, ngrams: tuple = LOOKUP_NGRAMS) -> list[int]:
     """Prompt lookup: the (at most max_len) tokens that followed the latest earlier occurrence of the context's last
     n tokens, for the first n of `ngrams` that occurs; [] when none does (or max_len < 1)."""
@@ -185,13 +193,11 @@ def draft_round(decoder, token: int, n: int, s: Sampling, rng: np.random.Generat
 
 def generate_speculative(decoder, prompt: list[int], max_new_tokens: int, sampling: Sampling = Sampling(),
                          eos_id: int | None = None, on_token: Callable[[int], None] | None = None,
-                         draft_len: int = DEFAULT_DRAFT_LEN, heal: Heal | None = None,
-                         lookup_len: int = DEFAULT_LOOKUP_LEN) -> SpeculativeGeneration:
+                         heal: Heal | None = None, plan: RoundPlan = RoundPlan()) -> SpeculativeGeneration:
     """hrm_edge.runtime.decoders.generate's contract, drafted by the first cycle and verified by the full depth. A
-    round whose context holds a guess (context_guess, at most lookup_len tokens; 0: never) drafts the guess in one
-    call; any other round drafts draft_len proposals one call each."""
+    round whose context holds a guess verifies it in one call; any other round drafts plan.draft_len proposals."""
     rng = np.random.default_rng(sampling.seed)
-    g = SpeculativeGeneration(prompt_len=len(prompt), draft_len=draft_len)
+    g = SpeculativeGeneration(prompt_len=len(prompt), draft_len=plan.draft_len)
     logits, room = prefill_prompt(decoder, prompt, g)
     t = time.perf_counter()
     budget = min(max_new_tokens, room)
@@ -206,13 +212,14 @@ def generate_speculative(decoder, prompt: list[int], max_new_tokens: int, sampli
         # positions left in the context: the round drafts at most that many (its last input is g.tokens[-1])
         room_left = budget - len(g.tokens)
         context = list(prompt) + g.tokens
-        guess = context_guess(context, min(lookup_len, room_left - 1))
+        guess = context_guess(context, min(plan.lookup_len, room_left - 1))
         if guess:
             full = decoder.verify_many([g.tokens[-1], *guess])  # [n, V]
             proposals, probs = guess, None
             g.lookup_rounds += 1
         else:
-            proposals, probs = draft_round(decoder, g.tokens[-1], min(draft_len + 1, room_left), sampling, rng, context)
+            n = min(plan.draft_len + 1, room_left)
+            proposals, probs = draft_round(decoder, g.tokens[-1], n, sampling, rng, context)
             full = decoder.verify()  # [n, V]
         if sampling.temperature <= 0:
             new = accept_greedy(full, proposals, context, penalty)
