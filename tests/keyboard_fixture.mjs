@@ -20,8 +20,9 @@ function mix(x) {
 // Logits that are a hash of (the token ids so far, position): logit[v] = (mix(h ^ v * 0x85ebca6b) >>> 24) / 16
 // for allowed ids, -16 for the others. The past holds each row's token ids, so a wrong cache shows.
 class HashModel {
-  constructor(vocab, allowed, maxSeqLen) {
+  constructor(vocab, allowed, maxSeqLen, seed = 0x12345678) {
     this.vocab = vocab;
+    this.seed = seed; // a draft fixture: another seed, the same past
     this.allowed = new Uint8Array(vocab);
     for (const id of allowed) this.allowed[id] = 1;
     this.maxSeqLen = maxSeqLen;
@@ -40,7 +41,7 @@ class HashModel {
     const logits = new Float32Array(batch * seq * V), rows = [];
     for (let b = 0; b < batch; b++) {
       const ids = past.rows[b].concat(tokens.slice(b * seq, (b + 1) * seq));
-      let h = 0x12345678;
+      let h = this.seed;
       for (let i = 0; i < ids.length; i++) {
         h = mix((h ^ ((Math.imul(ids[i], 0x9e3779b1) + i) >>> 0)) >>> 0);
         if (i < past.length) continue;
@@ -64,7 +65,8 @@ const tokenizer = { // what the page's loadTokenizer returns
 const out = [];
 for (const texts of job.sequences) { // one typing session (one cache) per sequence
   const model = new HashModel(job.vocab, job.allowed, job.max_seq_len);
-  const context = new TypedContext(model);
+  const draft = job.draft_seed === null ? null : new HashModel(job.vocab, job.allowed, job.max_seq_len, job.draft_seed);
+  const context = new TypedContext(model, draft);
   const steps = [];
   for (const text of texts) {
     model.calls = [];

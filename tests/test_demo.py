@@ -66,6 +66,11 @@ def test_unknown_keyboard_model_is_one_line(tmp_path):
                                  "nope.kv.onnx"), "--keyboard-model 'nope.kv.onnx' is not one of", "m.kv.onnx")
 
 
+def test_keyboard_threads_out_of_range_is_one_line(tmp_path):
+    assert_user_error(run_module("hrm_edge.demo", fake_export(tmp_path / "e"), "--keyboard-bench", "--keyboard-threads",
+                                 "0"), "--keyboard-threads must be in 1..16, got 0")
+
+
 def test_sha256_mismatch_names_the_file(tmp_path):
     root = fake_export(tmp_path / "e")
     (root / "m.kv.onnx").write_bytes(b"changed bytes!!")

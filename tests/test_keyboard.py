@@ -21,6 +21,7 @@ from hrm_edge.train.tokenizer import load_tokenizer
 TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
 M32 = 0xFFFFFFFF
 FIXTURE_MAX_SEQ_LEN = 40  # small, so the long sequence below crosses the context window
+DRAFT_SEED = 0x2468ACE0  # the draft fixture's hash seed: other logits over the same past
 LONG = ("import os\nimport sys\n\n\ndef main(argv=None):\n    parser = make_parser()\n    args = parser.parse_args(argv)\n"
         "    for name in sorted(args.names):\n        print(name, os.path.getsize(name))\n    return 0\n")
 # (text before typing, typed one character at a time): each keystroke is one suggestion call on one cache
@@ -40,15 +41,15 @@ def mix(x):
 
 class HashStepModel:
     """The step-model contract with hash logits: logit[v] = (mix(h ^ v * 0x85ebca6b) >> 24) / 16 for allowed ids,
-    -16 for the others, h a hash of the ids so far and the position. past_k [1, B, 1, P, 1] holds the ids, so a
-    wrongly sliced, tiled or selected cache changes the logits. Same function: keyboard_fixture.mjs,
-    HashStepModel.java."""
+    -16 for the others, h a hash of the ids so far and the position, started at `seed` (a draft fixture: another
+    seed). past_k [1, B, 1, P, 1] holds the ids, so a wrongly sliced, tiled or selected cache changes the logits.
+    Same function: keyboard_fixture.mjs, HashStepModel.java."""
 
-    def __init__(self, allowed: list[int], vocab: int, max_seq_len: int = FIXTURE_MAX_SEQ_LEN):
+    def __init__(self, allowed: list[int], vocab: int, max_seq_len: int = FIXTURE_MAX_SEQ_LEN, seed: int = 0x12345678):
         self.allowed = np.zeros(vocab, bool)
         self.allowed[allowed] = True
         self.salts = np.arange(vocab, dtype=np.uint32) * np.uint32(0x85EBCA6B)
-        self.max_seq_len, self.calls = max_seq_len, []
+        self.max_seq_len, self.calls, self.seed, self.slots = max_seq_len, [], seed, 1
 
     def empty_past(self):
         return np.zeros((1, 1, 1, 0, 1), np.float32), np.zeros((1, 1, 1, 0, 1), np.float32)
@@ -60,7 +61,7 @@ class HashStepModel:
         ids = np.concatenate([past_k[0, :, 0, :, 0].astype(np.int64), tokens], axis=1)  # [B, P + S]
         logits = np.zeros((batch, seq, len(self.allowed)), np.float32)
         for b in range(batch):
-            h = 0x12345678
+            h = self.seed
             for i, t in enumerate(ids[b].tolist()):
                 h = mix(h ^ ((t * 0x9E3779B1 + i) & M32))
                 if i >= past:
@@ -87,9 +88,11 @@ def typed(start: str, keys: str) -> list[str]:
 
 
 def python_words(tokenizer, allowed) -> list:
+    """The words at every keystroke of SESSIONS, the chains extended by the draft fixture (as the page does)."""
     out = []
     for start, keys in SESSIONS:
-        context = TypedContext(HashStepModel(allowed, tokenizer.get_vocab_size()))
+        vocab = tokenizer.get_vocab_size()
+        context = TypedContext(HashStepModel(allowed, vocab), HashStepModel(allowed, vocab, seed=DRAFT_SEED))
         out.append([[[w.label, w.insert, w.probability, w.ending] for w in suggest_words(context, tokenizer, text).words]
                     for text in typed(start, keys)])
     return out
@@ -164,6 +167,25 @@ def test_batched_steps_and_reused_chains(tokenizer, allowed):
     assert model.calls == [] and again.words == first.words  # same context: cache and chains reused
     # the same chains without reuse (a fresh context) give the same words
     assert suggest_words(TypedContext(model), tokenizer, "import os\ndef get").words == first.words
+
+
+def test_the_draft_model_extends_the_chains(tokenizer, allowed):
+    """With a draft model the context runs on the model and every extension step on the draft, fed the past's first
+    `slots` (here the draft reads the same ids through another hash, so its words differ)."""
+    vocab = tokenizer.get_vocab_size()
+    model, draft = HashStepModel(allowed, vocab), HashStepModel(allowed, vocab, seed=DRAFT_SEED)
+    texts = ("import os\ndef get", "x = ", "print(se", "class Foo(")
+    drafted = [TypedContext(model, draft) for _ in texts]
+    drafted_words = [suggest_words(c, tokenizer, t).words for c, t in zip(drafted, texts)]
+    assert len(model.calls) == len(texts) and all(b == 1 for b, _ in model.calls)  # the context runs only
+    assert draft.calls and all(s == 1 and b <= CANDIDATES for b, s in draft.calls)
+    plain = [TypedContext(model) for _ in texts]
+    assert [suggest_words(c, tokenizer, t).words for c, t in zip(plain, texts)] != drafted_words
+    for a, b in zip(drafted, plain):  # the first tokens (candidates) are the model's, the rest the draft's
+        assert a.chains.keys() == b.chains.keys()
+        assert [c.probs[0] for c in a.chains.values()] == [c.probs[0] for c in b.chains.values()]
+    assert any(x.tokens[1:] != y.tokens[1:] for a, b in zip(drafted, plain)
+               for x, y in zip(a.chains.values(), b.chains.values()))
 
 
 def test_a_partial_word_of_several_tokens_is_healed(tokenizer, allowed):
@@ -242,7 +264,7 @@ def node_words(tokenizer, allowed, tmp_path) -> list:
     (tmp_path / "node_modules").symlink_to(web_packages(log=lambda *_: None))
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"tokenizer": str(TOKENIZER), "vocab": tokenizer.get_vocab_size(), "allowed": allowed,
-                               "max_seq_len": FIXTURE_MAX_SEQ_LEN,
+                               "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED,
                                "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
     proc = subprocess.run([node, str(tmp_path / "keyboard_fixture.mjs"), str(job)], capture_output=True, text=True,
                           timeout=300)
@@ -266,7 +288,7 @@ def test_javascript_gives_the_same_words(tokenizer, allowed, tmp_path):
 def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path):
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"vocab": tokenizer.get_vocab_size(), "allowed": allowed,
-                               "max_seq_len": FIXTURE_MAX_SEQ_LEN,
+                               "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED,
                                "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
     proc = java(classes, "org.hrmedge.core.CoreCli", "suggest", TOKENIZER, job)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -297,9 +319,45 @@ def test_shipped_checkpoint_completes_range(tokenizer):
     from hrm_edge.model.checkpoint import load_model
     from hrm_edge.model.eager import EagerStepModel
 
-    context = TypedContext(EagerStepModel(load_model(REPO / "hrm_edge" / "default_model")))
-    words = suggest_words(context, tokenizer, "for i in ra").words
-    assert words[0].label == "range" and words[0].insert == "nge" and words[0].probability > 0.1, words
+    model = load_model(REPO / "hrm_edge" / "default_model")
+    for draft in (None, EagerStepModel(model, n_cycles=1)):  # the chains by the full depth, and by cycle 1
+        words = suggest_words(TypedContext(EagerStepModel(model), draft), tokenizer, "for i in ra").words
+        assert words[0].label == "range" and words[0].insert == "nge" and words[0].probability > 0.1, words
+
+
+def test_eager_draft_step_model_is_the_draft_graphs_contract():
+    """EagerStepModel(n_cycles=1) reads and writes the first L + 1 slots of the full model's cache and gives the
+    first outer cycle's logits: DraftForm, which exports as *.draft.onnx."""
+    import torch
+
+    from hrm_edge.model.eager import EagerStepModel
+    from hrm_edge.model.lm import DraftForm
+    from test_model import make
+
+    model = make()
+    full, draft = EagerStepModel(model), EagerStepModel(model, n_cycles=1)
+    _, k, v = full.run(np.array([[5, 17, 3, 44, 9]]), *full.empty_past())
+    slots = model.cfg.L_cycles + 1
+    assert draft.slots == slots and draft.empty_past()[0].shape[0] == slots and k.shape[0] == full.slots > slots
+    logits, k1, v1 = draft.run(np.array([[7], [11]]), np.repeat(k[:slots], 2, 1), np.repeat(v[:slots], 2, 1))
+    pasts = [torch.from_numpy(np.repeat(x[:slots], 2, 1)) for x in (k, v)]
+    with torch.no_grad():
+        want = DraftForm(model)(torch.tensor([[7], [11]]), *pasts)
+    np.testing.assert_allclose(logits, want[0].numpy(), atol=1e-5)
+    np.testing.assert_allclose(k1, want[2].numpy(), atol=1e-5)
+    assert k1.shape == (slots, 2, k.shape[2], 6, k.shape[4])
+
+
+def test_keyboard_bench_time_split():
+    from hrm_edge.app.keyboard import time_split
+
+    ms = np.array([10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 100.0])
+    runs = np.array([[1, 2.0, 2, 4.0]] * 9 + [[1, 20.0, 4, 60.0]])  # [KV calls, KV ms, draft calls, draft ms]
+    t = time_split(ms, runs)
+    assert t["all"]["kv_share"] == pytest.approx(38 / 190) and t["all"]["draft_share"] == pytest.approx(96 / 190)
+    assert t["all"]["calls_mean"] == pytest.approx(3.2) and t["calls_p90"] == pytest.approx(3.2)
+    slow = t["slowest_tenth"]  # the 100 ms keystroke alone
+    assert slow["ms_mean"] == 100 and slow["calls_mean"] == 5 and slow["draft_share"] == pytest.approx(0.6)
 
 
 # ---- the page in a real browser (slow) ----
@@ -315,9 +373,10 @@ FALLBACK_TEXT = (
 
 def python_chips(path, tokenizer, text: str, every: int) -> dict:
     """Python onnxruntime's chips for every `every`-th prefix of text: {i: [[label, insert, probability], ...]}."""
-    from hrm_edge.runtime.suggest import OnnxStepModel
+    from hrm_edge.runtime.suggest import OnnxStepModel, draft_beside
 
-    context = TypedContext(OnnxStepModel(path, threads=1))
+    draft = draft_beside(path)  # as the page: the chains on the draft graph
+    context = TypedContext(OnnxStepModel(path, threads=1), draft and OnnxStepModel(draft, threads=1))
     return {i: [[w.label, w.insert, w.probability] for w in suggest_words(context, tokenizer, text[:i]).words]
             for i in range(every, len(text), every)}
 
@@ -341,6 +400,7 @@ def test_browser_keyboard_bench(default_export, tokenizer):
         server.close()
     print({k: r[k] for k in ("model", "characters", "median_ms", "p90_ms", "top3_word_accuracy", "keystroke_savings")})
     assert r["partial_chips"] == fp32["partial_chips"] == 0 and r["word_starts"] > 40
+    assert r["draft"] and fp32["draft"] and r["threads"] == 1  # the page extends words with the export's draft graph
     assert r["top3_word_accuracy"] > 0.1 and r["keystroke_savings"] > 0.05, r
     # fp32: the same chips as Python (probabilities within 1e-4: the same graph, other kernels and batch shapes)
     for i, words in python_chips(default_export / "hrm.fp32.kv.onnx", tokenizer, text[:100], 5).items():

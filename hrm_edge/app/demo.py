@@ -94,6 +94,15 @@ def kv_artifacts(manifest: dict) -> list:
     return arts
 
 
+def draft_artifacts(manifest: dict) -> dict:
+    """{KV graph path: its draft graph's artifact} for the ONNX KV graphs whose draft graph (the first outer cycle,
+    which extends the suggestion bar's chains) was exported and passed the parity gate."""
+    drafts = {a.path: a for a in manifest["artifacts"]
+              if a.program == "draft" and a.format == "onnx" and passed_gate(a)}
+    return {a.path: drafts[a.path.replace(".kv.onnx", ".draft.onnx")] for a in manifest["artifacts"]
+            if a.program == "kv_cache" and a.path.replace(".kv.onnx", ".draft.onnx") in drafts}
+
+
 def web_bundle_path(out_dir: Path, manifest: dict, verify: bool, log=print) -> Path:
     """The web parity bundle, verified: by its manifest sha256 where the export listed it; otherwise against
     the bytes it must have (rebuilt from the sha256-checked parity bundle). Written there if missing."""
@@ -124,16 +133,17 @@ def passed_gate(art) -> bool:
 def export_routes(out_dir: Path, manifest: dict, verify: bool, log=print) -> tuple[dict, dict]:
     """{url: file} of the export files the page needs (each checked against the manifest's sha256 unless not
     `verify`), and the page's configuration (/demo.json)."""
-    arts = kv_artifacts(manifest)
+    arts, drafts = kv_artifacts(manifest), draft_artifacts(manifest)
     tok = manifest["tokenizer"]
-    files = verify_files(out_dir, manifest, [tok["path"]] + [a.path for a in arts], no_verify=not verify)
-    routes = {f"/export/{tok['path']}": files[0]}
+    served = [tok["path"]] + [a.path for a in arts] + [d.path for d in drafts.values()]
+    routes = {f"/export/{p}": f for p, f in zip(served, verify_files(out_dir, manifest, served, no_verify=not verify))}
     models = []
-    for art, path in zip(arts, files[1:]):
-        routes[f"/export/{art.path}"] = path
+    for art in arts:
         depth = f", {art.cycles} outer cycle(s)" if art.cycles is not None else ""
+        draft = drafts.get(art.path)
         models.append({"id": art.path, "url": f"/export/{art.path}", "precision": art.precision,
                        "format": art.format, "bytes": art.bytes, "passed": passed_gate(art),
+                       "draft_url": f"/export/{draft.path}" if draft else None,
                        "label": f"{art.precision} {art.format}{depth} ({art.bytes / 1e6:.1f} MB)"})
     bundle = web_bundle_path(out_dir, manifest, verify, log)
     routes[f"/export/{bundle.name}"] = bundle
@@ -232,12 +242,20 @@ def main(argv=None) -> int:
     p.add_argument("--keyboard-model", metavar="ID",
                    help="--keyboard-bench: the page's program to type with, an artifact id such as "
                         "hrm.int8-nbits.kv.onnx (default: the page's default program)")
+    p.add_argument("--keyboard-threads", type=int, default=1, metavar="N",
+                   help="--keyboard-bench: onnxruntime-web's WASM threads (default 1: what the page gets over plain "
+                        "http from a phone, without cross-origin isolation; more need the isolation this server gives)")
+    p.add_argument("--keyboard-full-depth", action="store_true",
+                   help="--keyboard-bench: extend the suggestions' words with the full depth instead of the draft "
+                        "graph (the first outer cycle), to compare")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
     if not 0 <= a.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {a.port}")
     if a.keyboard_chars < 2:
         raise UserError(f"--keyboard-chars must be at least 2, got {a.keyboard_chars}")
+    if not 1 <= a.keyboard_threads <= 16:
+        raise UserError(f"--keyboard-threads must be in 1..16, got {a.keyboard_threads}")
     manifest = read_manifest(a.dir)
     routes, config = export_routes(a.dir, manifest, verify=not a.no_verify)
     ids = [m["id"] for m in config["models"]]
@@ -274,12 +292,19 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
             else heldout_text(a.keyboard_chars))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", text, a.keyboard_model)
+        r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", text, a.keyboard_model,
+                                   a.keyboard_threads, draft=not a.keyboard_full_depth)
     finally:
         server.shutdown()
         server.server_close()
     print(f"[demo] keyboard bench: {r['model']}, {r['characters']} characters typed one at a time, {r['browser']}")
-    print(f"ms per keystroke: median {r['median_ms']:.1f}, p90 {r['p90_ms']:.1f} (one WASM thread)")
+    extension = "the draft graph" if r["draft"] else "the full depth"
+    print(f"ms per keystroke: median {r['median_ms']:.1f}, p90 {r['p90_ms']:.1f} ({r['threads']} WASM thread(s); "
+          f"words extended by {extension})")
+    for name, part in (("all keystrokes", r["time"]["all"]), ("the slowest tenth", r["time"]["slowest_tenth"])):
+        rest = 1 - part["kv_share"] - part["draft_share"]
+        print(f"  {name}: {part['ms_mean']:.1f} ms, {part['calls_mean']:.2f} graph calls a keystroke; time in the KV "
+              f"graph {part['kv_share']:.0%}, the draft graph {part['draft_share']:.0%}, the page's JS {rest:.0%}")
     print(f"top-3 next-word accuracy at {r['word_starts']} word starts: {r['top3_word_accuracy']:.1%}; keystroke "
           f"savings {r['keystroke_savings']:.1%}; partial-word chips: {r['partial_chips']}")
     return 0

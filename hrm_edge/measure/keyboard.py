@@ -229,22 +229,24 @@ def load_or_train(path: Path | None, corpus: str, progress: bool = True) -> tupl
 
 def model_suggester(checkpoint: Path, onnx: Path | None = None, threads: int = 1) -> Suggester:
     """The model's keyboard (hrm_edge.runtime.suggest.suggest_words, 3 words) as a suggester: the eager
-    checkpoint, or the exported ONNX graph `onnx` on `threads` threads. The typed context keeps its cache
-    between keystrokes, as on the page."""
+    checkpoint, or the exported ONNX graph `onnx` on `threads` threads (its chains on the *.draft.onnx graph beside
+    it, as on the page). The typed context keeps its cache between keystrokes, as on the page."""
     from hrm_edge.model.checkpoint import TOKENIZER, load_model  # torch
-    from hrm_edge.runtime.suggest import OnnxStepModel, TypedContext, suggest_words
+    from hrm_edge.runtime.suggest import OnnxStepModel, TypedContext, draft_beside, suggest_words
     from hrm_edge.train.tokenizer import load_tokenizer
 
     if onnx is not None:
-        step = OnnxStepModel(onnx, threads)
+        draft = draft_beside(onnx)
+        step, draft = OnnxStepModel(onnx, threads), draft and OnnxStepModel(draft, threads)
     else:
         import torch
 
         from hrm_edge.model.eager import EagerStepModel
 
         torch.set_num_threads(threads)
-        step = EagerStepModel(load_model(checkpoint))
-    tokenizer, context = load_tokenizer(checkpoint / TOKENIZER), TypedContext(step)
+        model = load_model(checkpoint)
+        step, draft = EagerStepModel(model), EagerStepModel(model, n_cycles=1) if model.cfg.H_cycles > 1 else None
+    tokenizer, context = load_tokenizer(checkpoint / TOKENIZER), TypedContext(step, draft)
 
     def suggest(text: str) -> list[str]:
         return [w.label for w in suggest_words(context, tokenizer, text, n=SUGGESTIONS).words]

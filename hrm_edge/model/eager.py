@@ -35,17 +35,20 @@ class EagerDecoder:
 
 class EagerStepModel:
     """The eager model as a step model of hrm_edge.runtime.suggest (the *.kv.onnx graph's contract, numpy in and
-    out): run(tokens [B, S], past_k, past_v [T, B, H, P, hd]) -> (logits [B, S, V], present_k, present_v)."""
+    out): run(tokens [B, S], past_k, past_v [T, B, H, P, hd]) -> (logits [B, S, V], present_k, present_v).
+    n_cycles=1: the first outer cycle over the first L + 1 cache slots, the *.draft.onnx graph's contract (its
+    extra `state` output left out)."""
 
-    def __init__(self, model, threads: int = 0):
+    def __init__(self, model, threads: int = 0, n_cycles: int | None = None):
         if threads:
             torch.set_num_threads(threads)
-        self.form = FunctionalDecodeForm(model.eval())
+        self.form = FunctionalDecodeForm(model.eval(), n_cycles=n_cycles)
         self.form.form = "loop"  # the same block applications; eager while_loop is traced anew for each shape
         self.cfg, self.max_seq_len = model.cfg, model.cfg.max_seq_len
+        self.slots = (n_cycles or model.cfg.H_cycles) * (model.cfg.L_cycles + 1)  # T: the cache slots it reads
 
     def empty_past(self) -> tuple[np.ndarray, np.ndarray]:  # [T, 1, H, 0, hd] each
-        return tuple(t.numpy() for t in empty_cache(self.cfg))
+        return tuple(t.numpy()[: self.slots] for t in empty_cache(self.cfg))
 
     def run(self, tokens: np.ndarray, past_k: np.ndarray, past_v: np.ndarray):
         with torch.no_grad():

@@ -48,20 +48,22 @@ class Decoder:
 
 class OnnxStepModel:
     """A *.kv.onnx / *.kv.ort graph: run(tokens [B, S], past_k, past_v) -> (logits [B, S, V], present_k,
-    present_v), pasts [T, B, H, P, hd]; batch and past length are dynamic."""
+    present_v), pasts [T, B, H, P, hd]; batch and past length are dynamic. A *.draft.onnx graph is one too (T = L + 1
+    slots, the full cache's first; its `state` output, for the verify graph, is left out)."""
 
     def __init__(self, path: Path, threads: int = 0, profile: bool = False):
         self.session = ort_session(path, threads, profile)
         shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_k")  # [T, B, H, P, hd]
-        self.past_shape = (shape[0], 1, shape[2], 0, shape[4])
+        self.past_shape, self.slots = (shape[0], 1, shape[2], 0, shape[4]), shape[0]  # slots: T
         self.max_seq_len = int(self.session.get_modelmeta().custom_metadata_map["max_seq_len"])
 
     def empty_past(self) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(self.past_shape, np.float32), np.zeros(self.past_shape, np.float32)
 
     def run(self, tokens: np.ndarray, past_k: np.ndarray, past_v: np.ndarray):
-        return self.session.run(None, {"tokens": np.ascontiguousarray(tokens, dtype=np.int64),
-                                       "past_k": past_k, "past_v": past_v})
+        out = self.session.run(None, {"tokens": np.ascontiguousarray(tokens, dtype=np.int64),
+                                      "past_k": past_k, "past_v": past_v})
+        return out[0], out[-2], out[-1]  # logits, present_k, present_v (a draft graph's state in between)
 
 
 class OnnxDecoder(Decoder):

@@ -8,13 +8,16 @@ specification; tests/test_keyboard.py checks that the three give identical words
 
 A step model is the *.kv.onnx graph's contract: run(tokens int64 [B, S], past_k, past_v [T, B, H, P, hd]) ->
 (logits [B, S, V], present_k, present_v [T, B, H, P + S, hd]); empty_past() -> (k, v) [T, 1, H, 0, hd];
-max_seq_len. OnnxStepModel runs the graph; hrm_edge.model.eager.EagerStepModel runs a checkpoint.
+max_seq_len; slots (T). OnnxStepModel runs the graph; hrm_edge.model.eager.EagerStepModel runs a checkpoint.
+The chains after the first token run on the draft model where there is one: the first outer cycle (the
+*.draft.onnx graph beside the KV graph, EagerStepModel(model, n_cycles=1)), fed the first `slots` of the cache.
 """
 from __future__ import annotations
 
 import time
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -52,8 +55,9 @@ class TypedContext:
     """The KV cache of the text typed so far (a keystroke costs the changed tokens, not a prefill), and the greedy
     chains already computed from it (typing on inside a word often keeps the context and asks for them again)."""
 
-    def __init__(self, step_model):
+    def __init__(self, step_model, draft_model=None):
         self.model = step_model
+        self.draft = draft_model  # extends the chains: cycle 1, half a step's work (None: the full depth)
         self.ids: list[int] = []
         self.past_k, self.past_v = step_model.empty_past()
         self.logits = None  # [V] of the last position
@@ -87,6 +91,14 @@ class TypedContext:
     def tokens_starting(self, prefix: str) -> np.ndarray | None:
         """The ids that may fit `prefix` (those whose text starts with its first character); None: all."""
         return self._by_first.get(prefix[:1], np.zeros(0, np.int64)) if prefix else None
+
+
+def draft_beside(kv_graph: Path) -> Path | None:
+    """The draft graph exported beside a KV graph (hrm.int8-static-perstep.kv.onnx -> hrm.int8-static-perstep.
+    draft.onnx), which extends the chains; None if there is none (a .ort file, or an export without it)."""
+    name = kv_graph.name
+    draft = kv_graph.with_name(name[: -len(".kv.onnx")] + ".draft.onnx") if name.endswith(".kv.onnx") else None
+    return draft if draft is not None and draft.is_file() else None
 
 
 def is_word_char(ch: str) -> bool:
@@ -211,11 +223,12 @@ def extend(context: TypedContext, chains: list[Chain], still_open, next_token) -
     rows = [i for i in range(len(chains)) if still_open(chains[i])]  # the chain of each batch row
     if not rows:
         return
-    past_k = np.repeat(context.past_k, len(rows), axis=1)  # [T, B, H, P, hd]
-    past_v = np.repeat(context.past_v, len(rows), axis=1)
+    model = context.draft or context.model
+    past_k = np.repeat(context.past_k[: model.slots], len(rows), axis=1)  # [T', B, H, P, hd]: the slots it reads
+    past_v = np.repeat(context.past_v[: model.slots], len(rows), axis=1)
     while True:
         tokens = np.array([[chains[i].tokens[-1]] for i in rows], np.int64)  # [B, 1]
-        logits, past_k, past_v = context.model.run(tokens, past_k, past_v)
+        logits, past_k, past_v = model.run(tokens, past_k, past_v)
         for b, i in enumerate(rows):
             row = logits[b, 0].astype(np.float64)
             t = next_token(chains[i], row)
@@ -297,7 +310,8 @@ def read_typed_word(context: TypedContext, tokenizer, text: str, following: str)
         return None
     logits = context.update(ids[:cut])
     texts = context.token_texts(tokenizer, len(logits))
-    after, _, _ = context.model.run(np.array([rest], np.int64), context.past_k, context.past_v)  # [1, S, V]
+    model = context.draft or context.model  # the model that extends chains
+    after, _, _ = model.run(np.array([rest], np.int64), context.past_k[: model.slots], context.past_v[: model.slots])
     rows = [logits] + list(after[0, :-1])  # the logits each token of rest is drawn from
     chain = Chain(rest, [float(softmax64(row)[t]) for row, t in zip(rows, rest)])
     return first_decision(chain, lambda tokens, probs: decide(tokens, probs, tokenizer, texts, prefix, partial != ""))

@@ -45,7 +45,11 @@ async function selectModel(id) {
   const t = performance.now();
   state.model = await KvModel.load(info.url, state.config.max_seq_len);
   state.modelInfo = info;
-  state.context = new TypedContext(state.model);
+  // the suggestion bar extends its words with the draft graph (the first outer cycle) where the export has one
+  // (?draft=0: with the full depth, to compare)
+  const useDraft = info.draft_url && new URLSearchParams(location.search).get("draft") !== "0";
+  const draft = useDraft ? await KvModel.load(info.draft_url, state.config.max_seq_len) : null;
+  state.context = new TypedContext(state.model, draft);
   const gate = info.passed ? "passed the export's parity gate" : "FAILED the export's parity gate";
   setStatus(`${info.id} loaded in ${Math.round(performance.now() - t)} ms (${gate})`, !info.passed);
   $("status").dataset.ready = "1";

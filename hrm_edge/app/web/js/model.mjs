@@ -3,6 +3,8 @@
 // The graph (hrm_edge/export/onnx.py, "kv_cache" program):
 //   inputs  tokens int64 [B, S], past_k / past_v float32 [T, B, H, P, hd]
 //   outputs logits float32 [B, S, V], present_k / present_v [T, B, H, P + S, hd]
+// The "draft" graph (the first outer cycle) has the same contract over the first L + 1 slots (and a `state`
+// output, unused here): the suggestion bar extends its chains with it.
 // A call's presents are the next call's pasts. Pasts are immutable values, so branching (trying several
 // next tokens for suggestions) is calling again with the same past, or once with it tiled along the batch axis
 // (pastRows). Python twin: hrm_edge/runtime/decoders.py OnnxDecoder.
@@ -78,10 +80,11 @@ export class KvModel {
     return job;
   }
 
-  // A past made of the given batch rows of `past` (repeats allowed: [0, 0, 0] tiles a one-row past 3 times).
+  // A past made of the given batch rows of `past` (repeats allowed: [0, 0, 0] tiles a one-row past 3 times), and
+  // of its first this.T slots (a draft graph reads the first L + 1 of the full graph's cache).
   pastRows(past, rows) {
     const pick = (tensor) => {
-      const [T, B, H, P, hd] = tensor.dims, block = H * P * hd, src = tensor.data;
+      const [, B, H, P, hd] = tensor.dims, T = this.T, block = H * P * hd, src = tensor.data;
       const dst = new Float32Array(T * rows.length * block);
       for (let t = 0; t < T; t++) {
         rows.forEach((r, b) => dst.set(src.subarray((t * B + r) * block, (t * B + r + 1) * block),

@@ -15,7 +15,9 @@ import java.util.Map;
  * their text are each extended greedily (spelling the rest of it first) until the word they spell has ended (a
  * non-word character follows it); a word still open after {@link #MAX_EXTRA_TOKENS} is dropped. The page extends
  * all chains as one batch per step; this StepModel runs one sequence at a time
- * (chain after chain, each overwriting the cache rows after the context), which gives the same words.
+ * (chain after chain, each overwriting the cache rows after the context), which gives the same words. The chains
+ * after their first token run on the draft model where there is one (the first outer cycle, which reads and writes
+ * the first L + 1 slots of the same cache: a program's second method sharing its buffers).
  */
 public final class WordSuggester {
     /** A KV-cache program: forward(tokens at positions start..) -> logits of the last token [vocab]; the
@@ -72,7 +74,7 @@ public final class WordSuggester {
     static final int HEAL_CHARS = 2;
     private static final String SPACES = " \t\n\r\f\013"; // \013: vertical tab
 
-    private final StepModel model;
+    private final StepModel model, extender; // extender: the draft model, or the model itself
     private final ByteLevelBpe tokenizer;
     private String[] tokenText;
     private int[] cached = new int[0]; // the context ids whose KV rows the program holds
@@ -80,7 +82,14 @@ public final class WordSuggester {
     private Map<String, Chain> chains = new HashMap<>(); // "firstToken textStillToSpell" -> chain, for `cached`
 
     public WordSuggester(StepModel model, ByteLevelBpe tokenizer) {
+        this(model, null, tokenizer);
+    }
+
+    /** draft: the first outer cycle over the same cache (its rows below `start` are the context's), which extends
+     *  the chains; null: the model extends them. */
+    public WordSuggester(StepModel model, StepModel draft, ByteLevelBpe tokenizer) {
         this.model = model;
+        this.extender = draft != null ? draft : model;
         this.tokenizer = tokenizer;
     }
 
@@ -154,7 +163,7 @@ public final class WordSuggester {
             int spelled = tokenizer.decode(ids).length();
             if (spelled < prefix.length()) spelling = ids.length + 1;
             if (ids.length - spelling >= MAX_EXTRA_TOKENS) return;
-            float[] logits = model.forward(new int[] {ids[ids.length - 1]}, position + ids.length - 1);
+            float[] logits = extender.forward(new int[] {ids[ids.length - 1]}, position + ids.length - 1);
             int t = argmax(logits);
             if (spelled < prefix.length()) {
                 List<Integer> fit = firstTokens(logits, tokenText, prefix.substring(spelled), 1);

@@ -16,9 +16,10 @@ import java.util.StringJoiner;
  *   parity BUNDLE LOGITS PRECISION   logits: raw little-endian float32 [samples * seqLen * vocab]; prints JSON
  *   tokenize TOKENIZER_JSON TEXTS    texts: a JSON array of strings; prints one line of ids and one decoded
  *                                    JSON string per text
- *   suggest TOKENIZER_JSON JOB       job: {vocab, allowed, max_seq_len, sequences: [[text, ...], ...]}; prints
- *                                    the JSON array of each text's words [label, insert, probability, ending]
- *                                    from WordSuggester on HashStepModel, one suggester (cache) per sequence
+ *   suggest TOKENIZER_JSON JOB       job: {vocab, allowed, max_seq_len, draft_seed, sequences: [[text, ...], ...]};
+ *                                    prints the JSON array of each text's words [label, insert, probability, ending]
+ *                                    from WordSuggester on HashStepModel (chains on a draft HashStepModel of
+ *                                    seed draft_seed, unless null), one suggester (cache) per sequence
  *   heal TOKENIZER_JSON CASES        cases: a JSON array of {text, logits, generated, penalty}; per case prints the
  *                                    healed context's ids, the allowed first tokens' ids, and the logits penalised
  *                                    over context + generated as the raw bits of each double
@@ -83,7 +84,9 @@ public final class CoreCli {
         for (Object texts : Json.array(job.get("sequences"))) {
             HashStepModel model = new HashStepModel((int) Json.number(job.get("vocab")), allowed,
                     (int) Json.number(job.get("max_seq_len")));
-            WordSuggester suggester = new WordSuggester(model, tok);
+            Object draftSeed = job.get("draft_seed"); // the draft fixture's seed, or null: no draft
+            HashStepModel draft = draftSeed == null ? null : new HashStepModel(model, (int) Json.number(draftSeed));
+            WordSuggester suggester = new WordSuggester(model, draft, tok);
             StringJoiner steps = new StringJoiner(",", "[", "]");
             for (Object text : Json.array(texts)) {
                 StringJoiner words = new StringJoiner(",", "[", "]");
