@@ -251,6 +251,8 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
         assert page.input_value("#text") == expected
         completion = page.evaluate("window.hrmDemo.lastCompletion")
         assert len(completion["ids"]) == 64 and completion["decodeTokensPerS"] > 0
+        # the page's default lookup (8): each token after the first from a decode call or a verified guess
+        assert completion["calls"] + completion["fromContext"] == 63, completion
         print(f"browser greedy decode: {completion['decodeTokensPerS']:.0f} tokens/s; {page.inner_text('#stats')}")
 
         # self-test: fp32 passes, with the numbers Python computes on the same bundle

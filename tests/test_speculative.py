@@ -2,6 +2,7 @@
 Greedy output must equal full-depth greedy decoding token for token; sampling must keep the full model's
 distribution."""
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -245,3 +246,52 @@ def test_pte_speculative_program_is_exact(tmp_path):
         assert 0 < g.accepted < g.proposed  # kept drafts and corrections both ran
         looked_up = generate_speculative(spec, prompt, 60, plan=RoundPlan(draft_len))  # guesses verified by forward
         assert looked_up.tokens == plain.tokens and looked_up.lookup_rounds > 0
+
+
+# ---- the page's context lookup (generate.mjs, under node) ----
+def page_lookup(tmp_path, job: dict) -> dict:
+    import shutil
+    import subprocess
+
+    from hrm_edge.app.demo import WEB_DIR, web_packages
+
+    shutil.copytree(WEB_DIR / "js", tmp_path / "js")
+    shutil.copyfile(REPO / "tests" / "lookup_fixture.mjs", tmp_path / "lookup_fixture.mjs")
+    (tmp_path / "node_modules").symlink_to(web_packages(log=lambda *_: None))
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    proc = subprocess.run(["node", str(tmp_path / "lookup_fixture.mjs"), str(tmp_path / "job.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_page_context_lookup_is_exact_greedy(tmp_path):
+    """The page's Complete with lookup on (greedy) gives plain greedy decoding's tokens in fewer model calls, and its
+    contextGuess is Python's context_guess."""
+    rng = np.random.default_rng(0)
+    cases = [([1, 2, 3, 4, 1, 2, 3], 8), ([5, 6, 7, 5, 6], 2), ([1, 2, 3], 8), ([9, 1, 2, 9, 1, 2, 3, 9, 1], 8),
+             ([4, 4, 4, 4], 3), ([], 8), ([1, 2, 3, 1, 2], 0)]
+    sizes, lens = rng.integers(0, 30, 40), rng.integers(0, 9, 40)
+    cases += [(rng.integers(0, 4, size=n).tolist(), int(m)) for n, m in zip(sizes, lens)]
+    cycle = [3, 7, 1, 9, 4, 12, 2]  # the fixture's greedy successor of each token in the cycle
+    nxt = list(range(16))
+    for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+        nxt[a] = b
+    generations = [{"prompt": [3, 7, 1], "penalty": 1.0, "maxNew": 40}, {"prompt": [3, 7, 1, 9], "penalty": 1.2,
+                   "maxNew": 40}, {"prompt": [5, 3, 7], "penalty": 1.0, "maxNew": 30}]
+    out = page_lookup(tmp_path, {"guesses": cases, "generations": generations, "vocab": 16, "next": nxt,
+                                 "max_seq_len": 48, "eos": None})
+    assert out["guesses"] == [context_guess(c, m) for c, m in cases]
+    for g, run in zip(generations, out["runs"]):
+        plain, lookup = run["0"], run["8"]
+        assert lookup["tokens"] == plain["tokens"] and len(plain["tokens"]) == g["maxNew"], run  # the same text
+        assert plain["calls"] == g["maxNew"] - 1 and plain["fromContext"] == 0
+        assert lookup["calls"] + lookup["fromContext"] == g["maxNew"] - 1  # each token: one call or one guess
+        assert lookup["modelCalls"] == lookup["calls"] + 1  # + the prefill
+    assert out["runs"][0]["8"]["fromContext"] > 20  # the cycle repeats: most tokens come from the context
+
+    def follows_cycle(g, run):
+        text = g["prompt"] + run["0"]["tokens"]
+        return all(b == nxt[a] for a, b in zip(text[len(g["prompt"]) - 1:], text[len(g["prompt"]):]))
+
+    assert follows_cycle(generations[0], out["runs"][0]) and not follows_cycle(generations[1], out["runs"][1])

@@ -106,7 +106,8 @@ function completionSettings() {
   return { maxNewTokens: Math.max(1, parseInt($("max-new").value, 10) || 64),
            temperature: Math.max(0, parseFloat($("temperature").value) || 0),
            topK: Math.max(0, parseInt($("top-k").value, 10) || 0), seed: 0, eosId: state.config.tokenizer.eos_id,
-           repetitionPenalty: Math.min(10, Math.max(1, parseFloat($("repetition").value) || 1)) };
+           repetitionPenalty: Math.min(10, Math.max(1, parseFloat($("repetition").value) || 1)),
+           lookupLen: Math.min(64, Math.max(0, parseInt($("lookup").value, 10) || 0)) };
 }
 
 async function complete() {
@@ -140,7 +141,8 @@ async function complete() {
     shown = textAfter(newIds, state.tokenizer.bytes, skip);
     box.value = before + shown + after;
     box.setSelectionRange(before.length + shown.length, before.length + shown.length);
-    $("stats").textContent = `${g.tokens.length} tokens, decode ${g.decodeTokensPerS.toFixed(0)} tokens/s, ` +
+    const lookup = g.fromContext ? ` (${g.calls} calls, ${g.fromContext} tokens verified from the text)` : "";
+    $("stats").textContent = `${g.tokens.length} tokens, decode ${g.decodeTokensPerS.toFixed(0)} tokens/s${lookup}, ` +
       `prefill ${context.length} tokens at ${g.prefillTokensPerS.toFixed(0)} tokens/s (stopped at ${g.stoppedAt}` +
       `${truncated ? "; prompt cut to the context" : ""})`;
     window.hrmDemo.lastCompletion = { prompt: before, ids: g.tokens, text: shown, ...g };

@@ -52,38 +52,74 @@ export function softmax(values) {
   return p;
 }
 
+export const LOOKUP_LEN = 8; // the page's default, as `complete --lookup-len` (hrm_edge/runtime/speculative.py)
+const LOOKUP_NGRAMS = [3, 2];
+
+// Prompt lookup, as hrm_edge.runtime.speculative.context_guess: the (at most maxLen) tokens that followed the
+// latest earlier occurrence of the context's last n tokens, for the first n of ngrams that occurs; [] if none.
+export function contextGuess(context, maxLen, ngrams = LOOKUP_NGRAMS) {
+  if (maxLen < 1) return [];
+  for (const n of ngrams) {
+    const tail = context.length - n; // the last n tokens start here
+    for (let j = tail - 1; j >= 0; j--) { // an earlier window, the latest first (its continuation is in context)
+      let k = 0;
+      while (k < n && context[j + k] === context[tail + k]) k++;
+      if (k === n) return context.slice(j + n, j + n + maxLen);
+    }
+  }
+  return [];
+}
+
 // Prefill the prompt, then sample up to maxNewTokens (stopping at EOS, the context length or when
 // shouldStop() says so). onToken(token) is awaited after each token (the page streams text there). With
 // settings.heal (healPrompt's; prompt is then the healed one) the first token is constrained.
-// Returns {tokens, prefillMs, decodeMs, prefillTokensPerS, decodeTokensPerS, stoppedAt}.
+// settings.lookupLen > 0 with temperature 0: each decode call also runs the tokens that followed the same n-gram
+// earlier in the context (contextGuess) and keeps those the model would have chosen anyway, so the tokens are the
+// greedy ones exactly, in fewer calls (exact speculative decoding with the context as the draft).
+// Returns {tokens, prefillMs, decodeMs, prefillTokensPerS, decodeTokensPerS, stoppedAt, calls, fromContext}.
 export async function generate(model, prompt, settings, onToken, shouldStop = () => false) {
   const { maxNewTokens = 64, temperature = 0, topK = 0, seed = 0, eosId = null, repetitionPenalty = 1,
-          heal = null } = settings;
+          heal = null, lookupLen = 0 } = settings;
   const random = seededRandom(seed);
+  const lookup = temperature > 0 ? 0 : lookupLen; // a guess is checked against the argmax: greedy only
   const tokens = [];
   let t = performance.now();
-  let out = await model.run(prompt, model.emptyPast());
-  let logits = row(out.logits, out.vocab, prompt.length - 1);
+  const out = await model.run(prompt, model.emptyPast());
   const prefillMs = performance.now() - t;
   t = performance.now();
   const budget = Math.min(maxNewTokens, model.maxSeqLen - prompt.length);
-  let stoppedAt = "max length";
-  for (let i = 0; i < budget; i++) {
-    const z = shapeLogits(logits, prompt.concat(tokens), repetitionPenalty, i === 0 ? heal : null);
-    const token = sample(z, { temperature, topK }, random);
+  const pick = (logits) => sample(shapeLogits(logits, prompt.concat(tokens), repetitionPenalty,
+                                              tokens.length === 0 ? heal : null), { temperature, topK }, random);
+  let stoppedAt = null; // set by emit when the completion ends
+  const emit = async (token) => {
     tokens.push(token);
     await onToken(token);
-    if (eosId !== null && token === eosId) { stoppedAt = "EOS"; break; }
-    if (shouldStop()) { stoppedAt = "stop"; break; }
-    if (i + 1 < budget) {
-      out = await model.run([token], out.past);
-      logits = row(out.logits, out.vocab, 0);
+    if (eosId !== null && token === eosId) stoppedAt = "EOS";
+    else if (shouldStop()) stoppedAt = "stop";
+    else if (tokens.length >= budget) stoppedAt = "max length";
+  };
+  let logits = row(out.logits, out.vocab, prompt.length - 1), past = out.past, calls = 0, fromContext = 0;
+  if (budget < 1) stoppedAt = "max length";
+  while (stoppedAt === null) {
+    const token = pick(logits);
+    await emit(token);
+    if (stoppedAt !== null) break;
+    const guess = contextGuess(prompt.concat(tokens), Math.min(lookup, budget - tokens.length - 1));
+    const step = await model.run([token, ...guess], past); // logits [1 + guess, V]
+    calls += 1;
+    let kept = 0; // guessed tokens the model chose too
+    while (kept < guess.length && stoppedAt === null && pick(row(step.logits, step.vocab, kept)) === guess[kept]) {
+      await emit(guess[kept]);
+      kept += 1;
     }
+    fromContext += kept;
+    logits = row(step.logits, step.vocab, kept);
+    past = kept === guess.length ? step.past : model.slicePast(step.past, past.length + 1 + kept);
   }
   const decodeMs = performance.now() - t;
-  // the first new token comes from the prefill logits; each later one costs one decode step
+  // the first new token comes from the prefill logits; the others from `calls` decode calls
   const steps = Math.max(tokens.length - 1, 0);
-  return { tokens, prefillMs, decodeMs, stoppedAt,
+  return { tokens, prefillMs, decodeMs, stoppedAt, calls, fromContext,
            prefillTokensPerS: prefillMs ? prompt.length / (prefillMs / 1000) : 0,
            decodeTokensPerS: decodeMs ? steps / (decodeMs / 1000) : 0 };
 }
