@@ -26,6 +26,42 @@ def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
     assert arm64.cache_dir() == tmp_path / "home" / ".cache" / "hrm-edge" / "aarch64"
 
 
+class ScriptToolchain:
+    """A toolchain stand-in whose 'emulated Python' is this machine's, running `script` (the worker's stand-in)."""
+
+    def __init__(self, script: str):
+        self.script = script
+
+    def command(self, cpu_model, args):
+        import sys
+
+        return [sys.executable, "-c", self.script]
+
+    def env(self, extra_python_path=()):
+        import os
+
+        return dict(os.environ)
+
+
+def test_an_emulated_run_is_killed_when_it_stalls_not_when_it_is_long(tmp_path):
+    """The target gate kills an emulated process that prints nothing for `timeout` s (a hung artifact), and lets one
+    that keeps finishing artifacts run past that time in total; the artifacts it did not get to fail, named."""
+    from hrm_edge.runtime.manifest import Artifact
+    from hrm_edge.verify.arm64_gate import run_on_target
+
+    manifest = {"parity_bundle": {"path": "b.npz"}, "unique_weight_bytes": 1, "tolerances": {}}
+    arts = [Artifact(path="a.onnx", format="onnx", runtime="onnxruntime", precision="fp32", program="kv_cache",
+                     iteration="onnx_loop")]
+    steady = "import time\nfor i in range(6):\n    print('artifact', i, flush=True)\n    time.sleep(0.5)"
+    run = run_on_target(tmp_path, manifest, arts, "cortex-a76", ScriptToolchain(steady), log=lambda *_: None,
+                        timeout=1.5)
+    assert run.seconds >= 2.5 and "exit code 0" in run.results["a.onnx"]["reason"], run  # 3 s > 1.5 s in total
+    stalled = "import time\nprint('artifact 0', flush=True)\ntime.sleep(30)"
+    run = run_on_target(tmp_path, manifest, arts, "cortex-a76", ScriptToolchain(stalled), log=lambda *_: None,
+                        timeout=1.5)
+    assert run.seconds < 20 and "killed after 2 s without a finished artifact" in run.results["a.onnx"]["reason"]
+
+
 def test_an_interrupted_step_is_redone_and_a_finished_one_is_not(tmp_path):
     calls = []
 

@@ -149,7 +149,8 @@ def main(argv=None) -> int:
     p.add_argument("--ngram", type=Path, help="--keyboard: the n-gram keyboard's file, loaded if it exists, else "
                    "trained on the corpus's training split and saved there (default: OUT/keyboard-ngram.npz)")
     p.add_argument("--keyboard-graph", type=Path, help="--keyboard: suggest through this exported KV graph (e.g. the "
-                   "page's EXPORT/hrm.int8-static-perstep.kv.onnx) instead of the eager checkpoint (one checkpoint)")
+                   "page's EXPORT/hrm.int8-static-perstep.kv.onnx) instead of the eager checkpoint (one checkpoint); "
+                   "the words are extended by the .draft.onnx graph beside it when there is one, as on the page")
     p.add_argument("--repetition", metavar="PENALTIES",
                    help="instead: how often continuations of held-out code repeat themselves at these repetition "
                         "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
