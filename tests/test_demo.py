@@ -105,6 +105,39 @@ def test_modified_web_bundle_is_refused(tmp_path):
     assert_user_error(run_module("hrm_edge.demo", root), "web_bundle.bin does not match", "--no-verify")
 
 
+def test_the_page_gets_the_gated_draft_and_verify_graphs(tmp_path):
+    """A KV graph's draft and verify graphs are served and named in its config entry when both passed the gate; a
+    draft that failed it is not served (the page then extends words with the KV graph, and has no adaptive depth)."""
+    from hrm_edge.app.demo import export_routes
+    from hrm_edge.verify.parity import read_manifest
+
+    root = fake_export(tmp_path / "e")
+    for program in ("draft", "verify"):
+        (root / f"m.{program}.onnx").write_bytes(program.encode())
+
+    def add(passed_draft):
+        def edit(manifest):
+            base = manifest["artifacts"][0]
+            manifest["artifacts"][1:] = [base | {"path": f"m.{p}.onnx", "program": p, "bytes": len(p),
+                                                 "sha256": sha256_file(root / f"m.{p}.onnx"),
+                                                 "parity": {"x86_64": {"passed": p == "verify" or passed_draft}}}
+                                         for p in ("draft", "verify")]
+        return edit
+
+    edit_manifest(root, add(True))
+    routes, config = export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
+    entry = config["models"][0]
+    assert (entry["draft_url"], entry["verify_url"]) == ("/export/m.draft.onnx", "/export/m.verify.onnx")
+    assert {"/export/m.draft.onnx", "/export/m.verify.onnx"} <= set(routes)
+    edit_manifest(root, add(False))
+    routes, config = export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
+    assert config["models"][0]["draft_url"] is None and config["models"][0]["verify_url"] is None
+    assert "/export/m.draft.onnx" not in routes and "/export/m.verify.onnx" in routes
+    (root / "web_bundle.bin").write_bytes(b"changed")  # verify=True still checks the bundle (not shadowed)
+    with pytest.raises(Exception, match="web_bundle.bin does not match"):
+        export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
+
+
 def test_missing_npm_is_one_error_line(tmp_path):
     root = fake_export(tmp_path / "e")
     env = dict(os.environ, PYTHONPATH=str(REPO), PATH=str(tmp_path / "empty-bin"), XDG_CACHE_HOME=str(tmp_path / "cache"))
@@ -220,6 +253,76 @@ def int8_reference_self_test(export_dir: Path, model_id: str) -> dict:
     n, s = web.logits.shape[:2]
     reference = load_bundle(export_dir / "parity_bundle.npz")[f"reference/{art['reference']}"][:n, :s]
     return check_web_bundle(reference, web, "int8")
+
+
+@pytest.mark.slow
+def test_page_adaptive_depth_is_complete_exit_threshold(default_export, browser):
+    """The page's Complete with an exit threshold (adaptive depth on the draft + verify graphs) prints what
+    `complete --runtime onnx --exit-threshold` prints (fp32, greedy), and some tokens exit."""
+    prompt = "import os\nimport sys\n\n\ndef main():\n    "
+    server = DemoServer(default_export)
+    try:
+        page = open_page(browser, server.url)
+        select_model(page, "hrm.fp32.kv.onnx")
+        page.fill("#text", prompt)
+        for field, value in (("#temperature", "0"), ("#top-k", "0"), ("#max-new", "48"), ("#exit", "0.8")):
+            page.fill(field, value)
+        page.click("#complete")
+        page.wait_for_function("window.hrmDemo.lastCompletion", timeout=180_000)
+        completion = page.evaluate("window.hrmDemo.lastCompletion")
+        text = page.input_value("#text")
+    finally:
+        server.close()
+    cli = run_module("hrm_edge.complete", "--artifacts", default_export, "--runtime", "onnx", "--precision", "fp32",
+                     "--exit-threshold", "0.8", "--max-new-tokens", "48", prompt)
+    assert cli.returncode == 0, cli.stderr
+    assert text == cli.stdout.rsplit("\n", 2)[0]  # prompt + continuation; then the stats line
+    assert completion["calls"] == 47 and 0 < completion["exited"] < 47, completion  # some exit, not all
+
+
+ADAPTIVE_STEPS = """async ({ tokens, prefill, threshold }) => {
+  const { AdaptiveModel } = await import("/app/js/model.mjs");
+  const { state } = window.hrmDemo;
+  const info = state.modelInfo;
+  const adaptive = await AdaptiveModel.load(info.draft_url, info.verify_url, state.config.max_seq_len);
+  const out = await state.model.run(tokens.slice(0, prefill), state.model.emptyPast());
+  let halves = adaptive.split(out.past);
+  const steps = [];
+  for (const token of tokens.slice(prefill)) {
+    const s = await adaptive.step(token, halves, threshold);
+    halves = s.halves;
+    steps.push({ logits: Array.from(s.logits), exited: s.exited });
+  }
+  return steps;
+}"""
+
+
+@pytest.mark.slow
+def test_page_adaptive_steps_are_pythons(default_export, browser):
+    """The page's AdaptiveModel, teacher-forced over held-out-like code: the same exits and logits (within 1e-4) as
+    hrm_edge.runtime.adaptive on the same draft + verify graphs (fp32), so a wrongly filled skipped slot shows."""
+    from hrm_edge.runtime.adaptive import AdaptiveDecoder, TopProbRule
+    from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder
+    from hrm_edge.train.tokenizer import load_tokenizer
+
+    tokens = load_tokenizer(default_export / "tokenizer.json").encode(
+        "import os\nimport sys\n\n\ndef main(argv=None):\n    parser = make_parser()\n    args = parser.parse_args(argv)\n"
+        "    for name in sorted(args.names):\n        print(name, os.path.getsize(name))\n    return 0\n",
+        add_special_tokens=False).ids
+    server = DemoServer(default_export)
+    try:
+        page = open_page(browser, server.url)
+        select_model(page, "hrm.fp32.kv.onnx")
+        steps = page.evaluate(ADAPTIVE_STEPS, {"tokens": tokens, "prefill": 8, "threshold": 0.5})
+    finally:
+        server.close()
+    decoder = AdaptiveDecoder(OnnxSpeculativeDecoder(*(default_export / f"hrm.fp32.{p}.onnx" for p in
+                                                       ("kv", "draft", "verify")), threads=1), 2, TopProbRule(0.5))
+    decoder.prefill(np.array(tokens[:8]))
+    want = [decoder.decode(t) for t in tokens[8:]]
+    assert [s["exited"] for s in steps] == decoder.exited and 0 < sum(decoder.exited) < len(want)
+    for step, logits in zip(steps, want, strict=True):
+        np.testing.assert_allclose(np.array(step["logits"]), logits, atol=1e-4)
 
 
 @pytest.mark.slow

@@ -94,13 +94,14 @@ def kv_artifacts(manifest: dict) -> list:
     return arts
 
 
-def draft_artifacts(manifest: dict) -> dict:
-    """{KV graph path: its draft graph's artifact} for the ONNX KV graphs whose draft graph (the first outer cycle,
-    which extends the suggestion bar's chains) was exported and passed the parity gate."""
-    drafts = {a.path: a for a in manifest["artifacts"]
-              if a.program == "draft" and a.format == "onnx" and passed_gate(a)}
-    return {a.path: drafts[a.path.replace(".kv.onnx", ".draft.onnx")] for a in manifest["artifacts"]
-            if a.program == "kv_cache" and a.path.replace(".kv.onnx", ".draft.onnx") in drafts}
+def split_artifacts(manifest: dict, program: str) -> dict:
+    """{KV graph path: its `program` ("draft" | "verify") graph's artifact} for the ONNX KV graphs whose graph of
+    that program was exported and passed the parity gate. The draft graph (the first outer cycle) extends the
+    suggestion bar's words and, with the verify graph (the rest of the depth), runs Complete's adaptive depth."""
+    graphs = {a.path: a for a in manifest["artifacts"]
+              if a.program == program and a.format == "onnx" and passed_gate(a)}
+    return {a.path: graphs[a.path.replace(".kv.onnx", f".{program}.onnx")] for a in manifest["artifacts"]
+            if a.program == "kv_cache" and a.path.replace(".kv.onnx", f".{program}.onnx") in graphs}
 
 
 def web_bundle_path(out_dir: Path, manifest: dict, verify: bool, log=print) -> Path:
@@ -133,17 +134,19 @@ def passed_gate(art) -> bool:
 def export_routes(out_dir: Path, manifest: dict, verify: bool, log=print) -> tuple[dict, dict]:
     """{url: file} of the export files the page needs (each checked against the manifest's sha256 unless not
     `verify`), and the page's configuration (/demo.json)."""
-    arts, drafts = kv_artifacts(manifest), draft_artifacts(manifest)
+    arts = kv_artifacts(manifest)
+    drafts, verifies = split_artifacts(manifest, "draft"), split_artifacts(manifest, "verify")
     tok = manifest["tokenizer"]
-    served = [tok["path"]] + [a.path for a in arts] + [d.path for d in drafts.values()]
+    served = [tok["path"]] + [a.path for a in arts] + [g.path for g in [*drafts.values(), *verifies.values()]]
     routes = {f"/export/{p}": f for p, f in zip(served, verify_files(out_dir, manifest, served, no_verify=not verify))}
     models = []
     for art in arts:
         depth = f", {art.cycles} outer cycle(s)" if art.cycles is not None else ""
-        draft = drafts.get(art.path)
+        draft_art, verify_art = drafts.get(art.path), verifies.get(art.path)
         models.append({"id": art.path, "url": f"/export/{art.path}", "precision": art.precision,
                        "format": art.format, "bytes": art.bytes, "passed": passed_gate(art),
-                       "draft_url": f"/export/{draft.path}" if draft else None,
+                       "draft_url": f"/export/{draft_art.path}" if draft_art else None,
+                       "verify_url": f"/export/{verify_art.path}" if verify_art and draft_art else None,
                        "label": f"{art.precision} {art.format}{depth} ({art.bytes / 1e6:.1f} MB)"})
     bundle = web_bundle_path(out_dir, manifest, verify, log)
     routes[f"/export/{bundle.name}"] = bundle

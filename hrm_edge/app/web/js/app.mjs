@@ -3,7 +3,7 @@
 // which models, tokenizer and web parity bundle this export has.
 import { generate } from "./generate.mjs";
 import { healPrompt, textAfter } from "./healing.mjs";
-import { KvModel, fetchOk, loadTokenizer, runtimeInfo } from "./model.mjs";
+import { AdaptiveModel, KvModel, fetchOk, loadTokenizer, runtimeInfo } from "./model.mjs";
 import { loadWebBundle, selfTest } from "./selftest.mjs";
 import { TypedContext, suggestWords } from "./suggest.mjs";
 
@@ -13,7 +13,7 @@ const $ = (id) => document.getElementById(id);
 // this (auto-repeat, a paste) share one run.
 const SUGGEST_DEBOUNCE_MS = 30;
 const state = { config: null, tokenizer: null, model: null, modelInfo: null, context: null, bundle: null,
-                busy: false, stop: false, suggestTimer: 0, suggesting: null };
+                busy: false, stop: false, suggestTimer: 0, suggesting: null, adaptive: null };
 // read by tests/test_demo.py (and handy in the browser console)
 window.hrmDemo = { lastCompletion: null, lastSelfTest: null, lastSuggestions: null, state };
 
@@ -107,7 +107,19 @@ function completionSettings() {
            temperature: Math.max(0, parseFloat($("temperature").value) || 0),
            topK: Math.max(0, parseInt($("top-k").value, 10) || 0), seed: 0, eosId: state.config.tokenizer.eos_id,
            repetitionPenalty: Math.min(10, Math.max(1, parseFloat($("repetition").value) || 1)),
-           lookupLen: Math.min(64, Math.max(0, parseInt($("lookup").value, 10) || 0)) };
+           lookupLen: Math.min(64, Math.max(0, parseInt($("lookup").value, 10) || 0)),
+           exitThreshold: $("exit").value === "" ? null : Math.min(1, Math.max(0, parseFloat($("exit").value) || 0)) };
+}
+
+// The current program's draft + verify graphs for adaptive depth, loaded on first use (null if it has none).
+async function adaptiveModel() {
+  const info = state.modelInfo;
+  if (!info.draft_url || !info.verify_url) return null;
+  if (state.adaptive?.id !== info.id) {
+    state.adaptive = { id: info.id, model: await AdaptiveModel.load(info.draft_url, info.verify_url,
+                                                                    state.config.max_seq_len) };
+  }
+  return state.adaptive.model;
 }
 
 async function complete() {
@@ -137,11 +149,17 @@ async function complete() {
     }
   };
   try {
-    const g = await generate(state.model, context, { ...completionSettings(), heal }, onToken, () => state.stop);
+    const settings = { ...completionSettings(), heal };
+    if (settings.exitThreshold !== null) {
+      settings.adaptive = await adaptiveModel();
+      if (!settings.adaptive) throw new Error(`${state.modelInfo.id} has no draft and verify graphs (adaptive depth)`);
+    }
+    const g = await generate(state.model, context, settings, onToken, () => state.stop);
     shown = textAfter(newIds, state.tokenizer.bytes, skip);
     box.value = before + shown + after;
     box.setSelectionRange(before.length + shown.length, before.length + shown.length);
-    const lookup = g.fromContext ? ` (${g.calls} calls, ${g.fromContext} tokens verified from the text)` : "";
+    const lookup = g.fromContext ? ` (${g.calls} calls, ${g.fromContext} tokens verified from the text)` :
+      settings.adaptive ? ` (${g.exited} of ${g.calls} tokens exited after the first cycle)` : "";
     $("stats").textContent = `${g.tokens.length} tokens, decode ${g.decodeTokensPerS.toFixed(0)} tokens/s${lookup}, ` +
       `prefill ${context.length} tokens at ${g.prefillTokensPerS.toFixed(0)} tokens/s (stopped at ${g.stoppedAt}` +
       `${truncated ? "; prompt cut to the context" : ""})`;

@@ -76,12 +76,16 @@ export function contextGuess(context, maxLen, ngrams = LOOKUP_NGRAMS) {
 // settings.lookupLen > 0 with temperature 0: each decode call also runs the tokens that followed the same n-gram
 // earlier in the context (contextGuess) and keeps those the model would have chosen anyway, so the tokens are the
 // greedy ones exactly, in fewer calls (exact speculative decoding with the context as the draft).
-// Returns {tokens, prefillMs, decodeMs, prefillTokensPerS, decodeTokensPerS, stoppedAt, calls, fromContext}.
+// settings.adaptive (an AdaptiveModel) with settings.exitThreshold: adaptive depth instead (each decoded token may
+// exit after the first outer cycle; lossy, opt-in), as `complete --exit-threshold`.
+// Returns {tokens, prefillMs, decodeMs, prefillTokensPerS, decodeTokensPerS, stoppedAt, calls, fromContext,
+// exited}.
 export async function generate(model, prompt, settings, onToken, shouldStop = () => false) {
   const { maxNewTokens = 64, temperature = 0, topK = 0, seed = 0, eosId = null, repetitionPenalty = 1,
-          heal = null, lookupLen = 0 } = settings;
+          heal = null, lookupLen = 0, adaptive = null, exitThreshold = 1.01 } = settings;
   const random = seededRandom(seed);
-  const lookup = temperature > 0 ? 0 : lookupLen; // a guess is checked against the argmax: greedy only
+  // a guess is checked against the argmax: greedy only, and not with adaptive depth (whose logits depend on depth)
+  const lookup = temperature > 0 || adaptive ? 0 : lookupLen;
   const tokens = [];
   let t = performance.now();
   const out = await model.run(prompt, model.emptyPast());
@@ -98,12 +102,18 @@ export async function generate(model, prompt, settings, onToken, shouldStop = ()
     else if (shouldStop()) stoppedAt = "stop";
     else if (tokens.length >= budget) stoppedAt = "max length";
   };
-  let logits = row(out.logits, out.vocab, prompt.length - 1), past = out.past, calls = 0, fromContext = 0;
+  let logits = row(out.logits, out.vocab, prompt.length - 1), past = out.past, calls = 0, fromContext = 0, exited = 0;
+  let halves = adaptive ? adaptive.split(past) : null; // the prefill ran the full depth
   if (budget < 1) stoppedAt = "max length";
   while (stoppedAt === null) {
     const token = pick(logits);
     await emit(token);
     if (stoppedAt !== null) break;
+    if (adaptive) {
+      const s = await adaptive.step(token, halves, exitThreshold);
+      [logits, halves, calls, exited] = [s.logits, s.halves, calls + 1, exited + s.exited];
+      continue;
+    }
     const guess = contextGuess(prompt.concat(tokens), Math.min(lookup, budget - tokens.length - 1));
     const step = await model.run([token, ...guess], past); // logits [1 + guess, V]
     calls += 1;
@@ -119,7 +129,7 @@ export async function generate(model, prompt, settings, onToken, shouldStop = ()
   const decodeMs = performance.now() - t;
   // the first new token comes from the prefill logits; the others from `calls` decode calls
   const steps = Math.max(tokens.length - 1, 0);
-  return { tokens, prefillMs, decodeMs, stoppedAt, calls, fromContext,
+  return { tokens, prefillMs, decodeMs, stoppedAt, calls, fromContext, exited,
            prefillTokensPerS: prefillMs ? prompt.length / (prefillMs / 1000) : 0,
            decodeTokensPerS: decodeMs ? steps / (decodeMs / 1000) : 0 };
 }

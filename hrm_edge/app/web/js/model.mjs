@@ -73,7 +73,7 @@ export class KvModel {
       };
       const out = await this.session.run(feeds);
       const vocab = out.logits.dims[2];
-      return { logits: out.logits.data, vocab,
+      return { logits: out.logits.data, vocab, state: out.state ?? null, // state: the draft graph's, [2, B, S, D]
                past: { k: out.present_k, v: out.present_v, length: past.length + seq } };
     });
     this.queue = job.catch(() => {});
@@ -106,6 +106,74 @@ export class KvModel {
     };
     return { k: slice(past.k), v: slice(past.v), length: n };
   }
+}
+
+// Adaptive depth (hrm_edge/runtime/adaptive.py on runtime/speculative.py's OnnxSpeculativeDecoder): a decoded token
+// runs the draft graph (the first outer cycle, cache slots 0..L); when its top probability reaches the threshold it
+// exits with that readout, and the slots of the applications it skipped get the same role's first-cycle keys and
+// values (slot t <- slot t mod (L + 1)); otherwise the verify graph runs the rest of the depth (slots L + 1..T - 1)
+// from the draft's state. The cache is kept as those two halves: {first, rest}, pasts as KvModel's.
+export class AdaptiveModel {
+  constructor(draft, verify) {
+    this.draft = draft; // a KvModel over slots 0..L
+    this.verify = verify; // the verify graph's session
+    this.queue = Promise.resolve();
+  }
+
+  static async load(draftUrl, verifyUrl, maxSeqLen) {
+    const bytes = new Uint8Array(await fetchOk(verifyUrl).then((r) => r.arrayBuffer()));
+    const verify = await ort.InferenceSession.create(bytes, { executionProviders: ["wasm"] });
+    return new AdaptiveModel(await KvModel.load(draftUrl, maxSeqLen), verify);
+  }
+
+  // The two halves of a KV graph's past [T, 1, H, P, hd].
+  split(past) {
+    const part = (tensor, from, to) => {
+      const [, , H, P, hd] = tensor.dims, block = H * P * hd;
+      return new ort.Tensor("float32", tensor.data.slice(from * block, to * block), [to - from, 1, H, P, hd]);
+    };
+    const T = past.k.dims[0], L1 = this.draft.T;
+    return { first: { k: part(past.k, 0, L1), v: part(past.v, 0, L1), length: past.length },
+             rest: { k: part(past.k, L1, T), v: part(past.v, L1, T), length: past.length } };
+  }
+
+  // One decoded token at adaptive depth -> {logits [V] (the readout it exits with, or the full depth's), halves,
+  // exited}.
+  async step(token, halves, threshold) {
+    const d = await this.draft.run([token], halves.first);
+    if (topProbability(d.logits) >= threshold) {
+      return { logits: d.logits, halves: { first: d.past, rest: this.skipped(halves.rest, d.past) }, exited: true };
+    }
+    const out = await this.verify.run({ tokens: new ort.Tensor("int64", BigInt64Array.from([BigInt(token)]), [1, 1]),
+                                        state: d.state, past_k: halves.rest.k, past_v: halves.rest.v });
+    const rest = { k: out.present_k, v: out.present_v, length: halves.rest.length + 1 };
+    return { logits: out.logits.data, halves: { first: d.past, rest }, exited: false };
+  }
+
+  // rest extended by one position: its slot i gets first-cycle slot i mod (L + 1)'s newest position.
+  skipped(rest, first) {
+    const grow = (r, f) => {
+      const [R, , H, P, hd] = r.dims, L1 = f.dims[0], dst = new Float32Array(R * H * (P + 1) * hd);
+      for (let i = 0; i < R; i++) {
+        for (let h = 0; h < H; h++) {
+          const to = (i * H + h) * (P + 1) * hd;
+          dst.set(r.data.subarray((i * H + h) * P * hd, (i * H + h + 1) * P * hd), to);
+          const from = ((i % L1) * H + h) * (P + 1) * hd + P * hd; // f holds P + 1 positions
+          dst.set(f.data.subarray(from, from + hd), to + P * hd);
+        }
+      }
+      return new ort.Tensor("float32", dst, [R, 1, H, P + 1, hd]);
+    };
+    return { k: grow(rest.k, first.k), v: grow(rest.v, first.v), length: rest.length + 1 };
+  }
+}
+
+// The largest softmax probability of logits [V] (float64, as hrm_edge.runtime.adaptive.top_prob).
+export function topProbability(logits) {
+  let max = -Infinity, sum = 0;
+  for (const x of logits) if (x > max) max = x;
+  for (const x of logits) sum += Math.exp(x - max);
+  return 1 / sum;
 }
 
 // Row i of a [S * V] logits array.
