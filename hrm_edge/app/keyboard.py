@@ -1,8 +1,8 @@
 """The suggestion bar measured in a real browser: `python -m hrm_edge.demo EXPORT --keyboard-bench`.
 
 Serves the page as `python -m hrm_edge.demo` does, opens it in headless Chromium at a phone's viewport (one WASM
-thread by default, as a phone page without cross-origin isolation gets), and types held-out code one character at a time
-through the page's own suggestWords (hrm_edge/app/web/js/suggest.mjs). Reports the time per keystroke (median,
+thread by default, as a phone page without cross-origin isolation gets), and types held-out code one character at a
+time through the page's own suggestWords (hrm_edge/app/web/js/suggest.mjs). Reports the time per keystroke (median,
 p90), top-3 next-word accuracy at word starts and keystroke savings (keyboard_metrics), and checks that every
 chip is a whole word. Needs playwright (pip install '.[test]') and Debian's chromium.
 """

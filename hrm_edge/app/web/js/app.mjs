@@ -158,9 +158,9 @@ async function complete() {
     shown = textAfter(newIds, state.tokenizer.bytes, skip);
     box.value = before + shown + after;
     box.setSelectionRange(before.length + shown.length, before.length + shown.length);
-    const lookup = g.fromContext ? ` (${g.calls} calls, ${g.fromContext} tokens verified from the text)` :
+    const how = g.fromContext ? ` (${g.calls} calls, ${g.fromContext} tokens verified from the text)` :
       settings.adaptive ? ` (${g.exited} of ${g.calls} tokens exited after the first cycle)` : "";
-    $("stats").textContent = `${g.tokens.length} tokens, decode ${g.decodeTokensPerS.toFixed(0)} tokens/s${lookup}, ` +
+    $("stats").textContent = `${g.tokens.length} tokens, decode ${g.decodeTokensPerS.toFixed(0)} tokens/s${how}, ` +
       `prefill ${context.length} tokens at ${g.prefillTokensPerS.toFixed(0)} tokens/s (stopped at ${g.stoppedAt}` +
       `${truncated ? "; prompt cut to the context" : ""})`;
     window.hrmDemo.lastCompletion = { prompt: before, ids: g.tokens, text: shown, ...g };

@@ -52,8 +52,7 @@ export function softmax(values) {
   return p;
 }
 
-export const LOOKUP_LEN = 8; // the page's default, as `complete --lookup-len` (hrm_edge/runtime/speculative.py)
-const LOOKUP_NGRAMS = [3, 2];
+const LOOKUP_NGRAMS = [3, 2]; // as hrm_edge/runtime/speculative.py (the page's lookup length: index.html, 8)
 
 // Prompt lookup, as hrm_edge.runtime.speculative.context_guess: the (at most maxLen) tokens that followed the
 // latest earlier occurrence of the context's last n tokens, for the first n of ngrams that occurs; [] if none.

@@ -30,6 +30,12 @@ export async function loadTokenizer(url) {
   };
 }
 
+// An onnxruntime-web session (WASM) of the graph at url.
+async function loadSession(url) {
+  const bytes = new Uint8Array(await fetchOk(url).then((r) => r.arrayBuffer()));
+  return ort.InferenceSession.create(bytes, { executionProviders: ["wasm"] });
+}
+
 export async function fetchOk(url) {
   const response = await fetch(url);
   if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
@@ -48,9 +54,7 @@ export class KvModel {
   }
 
   static async load(url, maxSeqLen) {
-    const bytes = new Uint8Array(await fetchOk(url).then((r) => r.arrayBuffer()));
-    const session = await ort.InferenceSession.create(bytes, { executionProviders: ["wasm"] });
-    return new KvModel(session, maxSeqLen);
+    return new KvModel(await loadSession(url), maxSeqLen);
   }
 
   emptyPast() {
@@ -117,13 +121,10 @@ export class AdaptiveModel {
   constructor(draft, verify) {
     this.draft = draft; // a KvModel over slots 0..L
     this.verify = verify; // the verify graph's session
-    this.queue = Promise.resolve();
   }
 
   static async load(draftUrl, verifyUrl, maxSeqLen) {
-    const bytes = new Uint8Array(await fetchOk(verifyUrl).then((r) => r.arrayBuffer()));
-    const verify = await ort.InferenceSession.create(bytes, { executionProviders: ["wasm"] });
-    return new AdaptiveModel(await KvModel.load(draftUrl, maxSeqLen), verify);
+    return new AdaptiveModel(await KvModel.load(draftUrl, maxSeqLen), await loadSession(verifyUrl));
   }
 
   // The two halves of a KV graph's past [T, 1, H, P, hd].
