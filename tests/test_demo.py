@@ -106,13 +106,14 @@ def test_modified_web_bundle_is_refused(tmp_path):
 
 
 def test_the_page_gets_the_gated_draft_and_verify_graphs(tmp_path):
-    """A KV graph's draft and verify graphs are served and named in its config entry when both passed the gate; a
-    draft that failed it is not served (the page then extends words with the KV graph, and has no adaptive depth)."""
+    """A KV graph's draft, branch and verify graphs are served and named in its config entry when they passed the
+    gate; a draft that failed it is not served (the page then extends words with the branch graph, and has no
+    adaptive depth)."""
     from hrm_edge.app.demo import export_routes
     from hrm_edge.verify.parity import read_manifest
 
     root = fake_export(tmp_path / "e")
-    for program in ("draft", "verify"):
+    for program in ("draft", "branch", "verify"):
         (root / f"m.{program}.onnx").write_bytes(program.encode())
 
     def add(passed_draft):
@@ -121,14 +122,15 @@ def test_the_page_gets_the_gated_draft_and_verify_graphs(tmp_path):
             manifest["artifacts"][1:] = [base | {"path": f"m.{p}.onnx", "program": p, "bytes": len(p),
                                                  "sha256": sha256_file(root / f"m.{p}.onnx"),
                                                  "parity": {"x86_64": {"passed": p == "verify" or passed_draft}}}
-                                         for p in ("draft", "verify")]
+                                         for p in ("draft", "branch", "verify")]
         return edit
 
     edit_manifest(root, add(True))
     routes, config = export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
     entry = config["models"][0]
     assert (entry["draft_url"], entry["verify_url"]) == ("/export/m.draft.onnx", "/export/m.verify.onnx")
-    assert {"/export/m.draft.onnx", "/export/m.verify.onnx"} <= set(routes)
+    assert entry["branch_url"] == "/export/m.branch.onnx"
+    assert {"/export/m.draft.onnx", "/export/m.branch.onnx", "/export/m.verify.onnx"} <= set(routes)
     edit_manifest(root, add(False))
     routes, config = export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
     assert config["models"][0]["draft_url"] is None and config["models"][0]["verify_url"] is None

@@ -309,6 +309,16 @@ def test_speculative_graphs_pass_as_a_set(tiny_export):
     with np.load(tiny_export / "parity_bundle.npz") as bundle:
         assert {"reference/adaptive/fp32/exited", "reference/adaptive/hrm.int8-dynamic.kv.pte/logits",
                 "reference/adaptive/hrm.int8-static-perstep.onnx/logits"} <= set(bundle.files)
+    # the suggestion bar's branch graphs, beside each draft graph: first-cycle logits of rows sharing a context
+    branches = [a for a in m["artifacts"] if a["program"] == "branch"]
+    assert sorted(a["path"] for a in branches) == [f"hrm.{p}.branch.onnx" for p in ("fp32", "int8-static-perstep")]
+    for a in branches:
+        [check] = next(iter(a["parity"].values()))["checks"]
+        assert check["passed"] and "first" in check["reference"] and check["top1_agreement"] >= 0.98, (a["path"], check)
+    with np.load(tiny_export / "parity_bundle.npz") as bundle:
+        assert bundle["reference/adaptive/fp32/first_cycle"].shape[0] == 2  # windows (BRANCH_WINDOWS)
+    assert [i.name for i in onnx.load(str(tiny_export / "hrm.fp32.branch.onnx")).graph.input] == [
+        "tokens", "context_k", "context_v", "past_k", "past_v"]
     draft = onnx.load(str(tiny_export / "hrm.fp32.draft.onnx"))
     verify = onnx.load(str(tiny_export / "hrm.fp32.verify.onnx"))
     assert [o.name for o in draft.graph.output] == ["logits", "state", "present_k", "present_v"]

@@ -375,8 +375,8 @@ def python_chips(path, tokenizer, text: str, every: int) -> dict:
     """Python onnxruntime's chips for every `every`-th prefix of text: {i: [[label, insert, probability], ...]}."""
     from hrm_edge.runtime.suggest import OnnxStepModel, draft_beside
 
-    draft = draft_beside(path)  # as the page: the chains on the draft graph
-    context = TypedContext(OnnxStepModel(path, threads=1), draft and OnnxStepModel(draft, threads=1))
+    # as the page: the chains on the branch graph
+    context = TypedContext(OnnxStepModel(path, threads=1), draft_beside(path, threads=1))
     return {i: [[w.label, w.insert, w.probability] for w in suggest_words(context, tokenizer, text[:i]).words]
             for i in range(every, len(text), every)}
 
@@ -400,7 +400,8 @@ def test_browser_keyboard_bench(default_export, tokenizer):
         server.close()
     print({k: r[k] for k in ("model", "characters", "median_ms", "p90_ms", "top3_word_accuracy", "keystroke_savings")})
     assert r["partial_chips"] == fp32["partial_chips"] == 0 and r["word_starts"] > 40
-    assert r["draft"] and fp32["draft"] and r["threads"] == 1  # the page extends words with the export's draft graph
+    # the page extends words with the export's branch graph
+    assert r["extender"] == fp32["extender"] == "branch" and r["threads"] == 1
     assert r["top3_word_accuracy"] > 0.1 and r["keystroke_savings"] > 0.05, r
     # fp32: the same chips as Python (probabilities within 1e-4: the same graph, other kernels and batch shapes)
     for i, words in python_chips(default_export / "hrm.fp32.kv.onnx", tokenizer, text[:100], 5).items():
@@ -413,3 +414,42 @@ def test_browser_keyboard_bench(default_export, tokenizer):
     top1 = sum(bool(words and r["chips"][i]) and r["chips"][i][0][:2] == words[0][:2] for i, words in int8.items())
     print(f"int8, page vs Python: the same chips at {same} of {len(int8)} prefixes, the same first chip at {top1}")
     assert same >= 0.75 * len(int8) and top1 >= 0.9 * sum(bool(w) for w in int8.values()), (same, top1, len(int8))
+
+
+@pytest.mark.slow  # two ONNX exports
+def test_the_branch_graph_is_the_draft_graph_on_a_tiled_context(tmp_path):
+    """The branch graph's rows share one context's cache: its logits are DraftForm's on that cache tiled per row and
+    concatenated with each row's own past, and its presents are the rows' own part (eager BranchForm and the exported
+    graph, rows of different tokens); batch_runner (suggest_words' extension) feeds either graph its way."""
+    import torch
+
+    from hrm_edge.export.onnx import export_onnx_branch, export_onnx_draft
+    from hrm_edge.model.lm import BranchForm, DraftForm
+    from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxStepModel
+    from hrm_edge.runtime.suggest import batch_runner
+    from test_adaptive import onnx_model
+
+    model = onnx_model(4, 2, 2)
+    slots, rng = model.cfg.L_cycles + 1, np.random.default_rng(0)
+    draft = OnnxStepModel(export_onnx_draft(model, tmp_path / "m.draft.onnx"))
+    branch = OnnxBranchModel(export_onnx_branch(model, tmp_path / "m.branch.onnx"))
+    _, ck, cv = draft.run(rng.integers(2, 512, (1, 9)), *draft.empty_past())  # the context: 9 positions
+    first, second = rng.integers(2, 512, (3, 2)), rng.integers(2, 512, (3, 1))  # 3 rows, each its own tokens
+    with torch.no_grad():
+        want1, _, tk, tv = (x.numpy() for x in DraftForm(model)(torch.from_numpy(first), *(torch.from_numpy(
+            np.repeat(x, 3, axis=1)) for x in (ck, cv))))
+        want2 = DraftForm(model)(torch.from_numpy(second), torch.from_numpy(tk), torch.from_numpy(tv))[0].numpy()
+
+    def eager(*inputs):
+        with torch.no_grad():
+            return tuple(x.numpy() for x in BranchForm(model)(*(torch.from_numpy(np.asarray(y)) for y in inputs)))
+
+    for run in (branch.run, eager):
+        got1, pk, pv = run(first, ck, cv, *branch.empty_rows(3))
+        assert pk.shape == (slots, 3, ck.shape[2], 2, ck.shape[4])  # the rows' own 2 positions, not the context's
+        np.testing.assert_allclose(pk, tk[:, :, :, 9:], atol=1e-5)
+        np.testing.assert_allclose(got1, want1, atol=1e-4)
+        np.testing.assert_allclose(run(second, ck, cv, pk, pv)[0], want2, atol=1e-4)
+    for model_ in (branch, draft):
+        run, k, v = batch_runner(model_, ck, cv, 3)
+        np.testing.assert_allclose(run(first, k, v)[0], want1, atol=1e-4)

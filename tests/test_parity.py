@@ -256,6 +256,28 @@ def test_check_artifact_passes_the_right_numbers_and_fails_wrong_ones(tmp_path):
                           table.nbytes, tol) == {"passed": False, "reason": "gone.onnx is missing"}
 
 
+def test_a_branch_graph_is_compared_with_its_references_first_cycle():
+    """A branch graph's logits (BRANCH_ROWS rows per window) are held to the first-cycle eager logits stored with its
+    set's adaptive reference, every row; a missing reference is a failure with its reason."""
+    from hrm_edge.config import QuantConfig
+    from hrm_edge.runtime.adaptive import BRANCH_TOKENS, BRANCH_WINDOWS
+    from hrm_edge.verify.parity import BRANCH_ROWS, reference_checks, tolerances
+
+    rng, p = np.random.default_rng(0), 3
+    windows = rng.integers(0, V, size=(BRANCH_WINDOWS + 1, p + BRANCH_TOKENS + 1))
+    first = (3 * rng.standard_normal((BRANCH_WINDOWS, BRANCH_TOKENS, V))).astype(np.float32)
+    art = Artifact.new("hrm.fp32.branch.onnx", "onnx", "fp32", "branch", "onnx_loop", prefill_len=p)
+    bundle, tol = {"windows": windows, "reference/adaptive/fp32/first_cycle": first}, tolerances(QuantConfig())
+    logits = np.repeat(first, BRANCH_ROWS, axis=0)
+    [check] = reference_checks(art, logits, bundle, tol)
+    assert check["passed"] and check["reference"] == "fp32 eager, first outer cycle", check
+    logits[-1, 5, 0] += 1.0  # one logit of the last row
+    [check] = reference_checks(art, logits, bundle, tol)
+    assert not check["passed"] and check["reason"].startswith("max abs logit error 1 >"), check
+    del bundle["reference/adaptive/fp32/first_cycle"]
+    assert "no first-cycle reference" in reference_checks(art, logits, bundle, tol)
+
+
 # ---- what the parity module pulls in ----
 def test_parity_imports_no_torch_no_trainer_no_emulation():
     code = ("import sys, hrm_edge.verify.parity, hrm_edge.runtime.manifest, hrm_edge.model.checkpoint; "

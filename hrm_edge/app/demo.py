@@ -95,9 +95,10 @@ def kv_artifacts(manifest: dict) -> list:
 
 
 def split_artifacts(manifest: dict, program: str) -> dict:
-    """{KV graph path: its `program` ("draft" | "verify") graph's artifact} for the ONNX KV graphs whose graph of
-    that program was exported and passed the parity gate. The draft graph (the first outer cycle) extends the
-    suggestion bar's words and, with the verify graph (the rest of the depth), runs Complete's adaptive depth."""
+    """{KV graph path: its `program` ("draft" | "branch" | "verify") graph's artifact} for the ONNX KV graphs whose
+    graph of that program was exported and passed the parity gate. The draft graph (the first outer cycle) and the
+    verify graph (the rest of the depth) run Complete's adaptive depth; the branch graph (the draft's work for rows
+    sharing one context) extends the suggestion bar's words (the draft graph does in an export without one)."""
     graphs = {a.path: a for a in manifest["artifacts"]
               if a.program == program and a.format == "onnx" and passed_gate(a)}
     return {a.path: graphs[a.path.replace(".kv.onnx", f".{program}.onnx")] for a in manifest["artifacts"]
@@ -135,18 +136,20 @@ def export_routes(out_dir: Path, manifest: dict, verify: bool, log=print) -> tup
     """{url: file} of the export files the page needs (each checked against the manifest's sha256 unless not
     `verify`), and the page's configuration (/demo.json)."""
     arts = kv_artifacts(manifest)
-    drafts, verifies = split_artifacts(manifest, "draft"), split_artifacts(manifest, "verify")
+    splits = {program: split_artifacts(manifest, program) for program in ("draft", "branch", "verify")}
+    drafts, branches, verifies = splits["draft"], splits["branch"], splits["verify"]
     tok = manifest["tokenizer"]
-    served = [tok["path"]] + [a.path for a in arts] + [g.path for g in [*drafts.values(), *verifies.values()]]
+    served = [tok["path"]] + [a.path for a in arts] + [g.path for graphs in splits.values() for g in graphs.values()]
     routes = {f"/export/{p}": f for p, f in zip(served, verify_files(out_dir, manifest, served, no_verify=not verify))}
     models = []
     for art in arts:
         depth = f", {art.cycles} outer cycle(s)" if art.cycles is not None else ""
-        draft_art, verify_art = drafts.get(art.path), verifies.get(art.path)
+        draft_art, branch_art, verify_art = drafts.get(art.path), branches.get(art.path), verifies.get(art.path)
         models.append({"id": art.path, "url": f"/export/{art.path}", "precision": art.precision,
                        "format": art.format, "bytes": art.bytes, "passed": passed_gate(art),
                        "draft_url": f"/export/{draft_art.path}" if draft_art else None,
                        "verify_url": f"/export/{verify_art.path}" if verify_art and draft_art else None,
+                       "branch_url": f"/export/{branch_art.path}" if branch_art else None,
                        "label": f"{art.precision} {art.format}{depth} ({art.bytes / 1e6:.1f} MB)"})
     bundle = web_bundle_path(out_dir, manifest, verify, log)
     routes[f"/export/{bundle.name}"] = bundle
@@ -249,8 +252,8 @@ def main(argv=None) -> int:
                    help="--keyboard-bench: onnxruntime-web's WASM threads (default 1: what the page gets over plain "
                         "http from a phone, without cross-origin isolation; more need the isolation this server gives)")
     p.add_argument("--keyboard-full-depth", action="store_true",
-                   help="--keyboard-bench: extend the suggestions' words with the full depth instead of the draft "
-                        "graph (the first outer cycle), to compare")
+                   help="--keyboard-bench: extend the suggestions' words with the full depth instead of the branch "
+                        "(or draft) graph, the first outer cycle, to compare")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
     if not 0 <= a.port <= 65535:
@@ -301,13 +304,13 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
         server.shutdown()
         server.server_close()
     print(f"[demo] keyboard bench: {r['model']}, {r['characters']} characters typed one at a time, {r['browser']}")
-    extension = "the draft graph" if r["draft"] else "the full depth"
+    extension = "the full depth" if r["extender"] == "full depth" else f"the {r['extender']} graph"
     print(f"ms per keystroke: median {r['median_ms']:.1f}, p90 {r['p90_ms']:.1f} ({r['threads']} WASM thread(s); "
           f"words extended by {extension})")
     for name, part in (("all keystrokes", r["time"]["all"]), ("the slowest tenth", r["time"]["slowest_tenth"])):
         rest = 1 - part["kv_share"] - part["draft_share"]
         print(f"  {name}: {part['ms_mean']:.1f} ms, {part['calls_mean']:.2f} graph calls a keystroke; time in the KV "
-              f"graph {part['kv_share']:.0%}, the draft graph {part['draft_share']:.0%}, the page's JS {rest:.0%}")
+              f"graph {part['kv_share']:.0%}, {extension} {part['draft_share']:.0%}, the page's JS {rest:.0%}")
     print(f"top-3 next-word accuracy at {r['word_starts']} word starts: {r['top3_word_accuracy']:.1%}; keystroke "
           f"savings {r['keystroke_savings']:.1%}; partial-word chips: {r['partial_chips']}")
     return 0

@@ -24,11 +24,12 @@ PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "i
 TYPE_IN_PAGE = """async ({ text, model, draft }) => {
   const { TypedContext, suggestWords } = await import("/app/js/suggest.mjs");
   const { state } = window.hrmDemo;
+  const { BranchModel, KvModel, runtimeInfo } = await import("/app/js/model.mjs");
   if (model) { // another of the page's programs, loaded as the page loads it
-    const { KvModel } = await import("/app/js/model.mjs");
-    const info = state.config.models.find((m) => m.id === model);
-    const extender = draft && info.draft_url ? await KvModel.load(info.draft_url, state.config.max_seq_len) : null;
-    state.context = new TypedContext(await KvModel.load(info.url, state.config.max_seq_len), extender);
+    const info = state.config.models.find((m) => m.id === model), n = state.config.max_seq_len;
+    const extender = !draft ? null : info.branch_url ? await BranchModel.load(info.branch_url, n)
+      : info.draft_url ? await KvModel.load(info.draft_url, n) : null;
+    state.context = new TypedContext(await KvModel.load(info.url, n), extender);
   }
   // where a keystroke's time goes: each graph's session.run, timed around the original
   const spent = { kv: [0, 0], draft: [0, 0] }; // [calls, ms]
@@ -50,7 +51,8 @@ TYPE_IN_PAGE = """async ({ text, model, draft }) => {
                  runs: [...spent.kv, ...spent.draft] }); // [KV calls, KV ms, draft calls, draft ms]
   }
   return { steps, model: model ?? state.modelInfo.id, userAgent: navigator.userAgent,
-           draft: state.context.draft !== null, threads: (await import("/app/js/model.mjs")).runtimeInfo().threads };
+           extender: state.context.draft === null ? "full depth" : state.context.draft instanceof BranchModel ? "branch"
+             : "draft", threads: runtimeInfo().threads };
 }"""
 
 
@@ -69,9 +71,10 @@ def heldout_text(chars: int) -> str:
 
 def browser_keyboard_bench(url: str, text: str, model: str | None = None, threads: int = 1, draft: bool = True) -> dict:
     """Type `text` in the page served at `url` (its default program, or `model`: an artifact id such as
-    hrm.fp32.kv.onnx) on `threads` WASM threads, the chains on the draft graph where the export has one (draft
-    False: on the full depth), and return keyboard_metrics plus median_ms / p90_ms per keystroke, the chips after
-    each prefix of the text, the program, whether the draft ran, the threads and the browser."""
+    hrm.fp32.kv.onnx) on `threads` WASM threads, the chains on the branch (else draft) graph where the export has
+    one (draft False: on the full depth), and return keyboard_metrics plus median_ms / p90_ms per keystroke, the
+    chips after each prefix of the text, the program, what extended the words (extender: "branch", "draft" or "full
+    depth"), the threads and the browser."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -89,7 +92,7 @@ def browser_keyboard_bench(url: str, text: str, model: str | None = None, thread
     chips = [s["words"] for s in out["steps"]]
     return {**keyboard_metrics(text, chips), "median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
             "time": time_split(ms, np.array([s["runs"] for s in out["steps"][1:]])),
-            "browser": out["userAgent"], "model": out["model"], "draft": out["draft"], "threads": out["threads"],
+            "browser": out["userAgent"], "model": out["model"], "extender": out["extender"], "threads": out["threads"],
             "chips": chips}
 
 

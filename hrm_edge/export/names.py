@@ -6,6 +6,7 @@
     hrm.int8-dynamic.c1.kv.pte         KV-cache int8 ExecuTorch program run with 1 of the H outer cycles
     hrm.fp32.kv.ort                    onnxruntime's ORT format of hrm.fp32.kv.onnx
     hrm.fp32.draft.onnx                self-speculative decoding's draft graph (hrm.fp32.verify.onnx: its verify graph)
+    hrm.fp32.branch.onnx               the draft graph for rows that share one context's cache (the suggestion bar)
     hrm.int8-dynamic.spec.pte          self-speculative ExecuTorch program: forward, draft and verify methods in one
     transformer.int8-dynamic.kv.pte    the unshared baseline (arch "transformer") built the same way
 
@@ -17,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 EXTENSIONS = {"onnx": "onnx", "ort": "ort", "pte": "pte"}
-PROGRAMS = {"full_sequence": [], "kv_cache": ["kv"], "draft": ["draft"], "verify": ["verify"],
+PROGRAMS = {"full_sequence": [], "kv_cache": ["kv"], "draft": ["draft"], "branch": ["branch"],
+            "verify": ["verify"],
             "speculative": ["spec"]}  # the name's word
 
 

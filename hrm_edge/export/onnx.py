@@ -31,7 +31,7 @@ from hrm_edge.export.onnx_passes import (NbitsFormat, blockwise_quantize, hoist_
                                          matmuls_to_nbits, merge_split_concat, names_read, nbits_node,
                                          slots_as_scan_outputs, weights_into_body)
 from hrm_edge.io import atomic_write_bytes, atomic_write_text
-from hrm_edge.model.lm import HRMLM, DraftForm, FunctionalDecodeForm, RMSNorm, TracedForm, VerifyForm, cache_steps
+from hrm_edge.model.lm import HRMLM, BranchForm, DraftForm, FunctionalDecodeForm, RMSNorm, TracedForm, VerifyForm, cache_steps
 
 
 def strip_debug_metadata(graph: onnx.GraphProto) -> None:
@@ -171,6 +171,19 @@ def export_onnx_draft(model: HRMLM, path: Path) -> Path:
     dynamic = ({0: batch, 1: seq}, {1: batch, 3: past_len}, {1: batch, 3: past_len})
     return _export(DraftForm(for_onnx(model)), example, dynamic, ["tokens", "past_k", "past_v"],
                    ["logits", "state", "present_k", "present_v"], path, needs_loop=True)
+
+
+def export_onnx_branch(model: HRMLM, path: Path) -> Path:
+    """The suggestion bar's branch graph (BranchForm): the draft graph's first outer cycle for B rows that share
+    one context past (context_k, context_v [L + 1, 1, H, P, hd]), each with its own past_k, past_v."""
+    cfg = model.cfg
+    (tokens, past, _), (batch, seq, own_len) = _decode_example(cfg, cfg.L_cycles + 1)
+    context = torch.zeros(cfg.L_cycles + 1, 1, cfg.n_heads, 5, cfg.head_dim)  # P = 5 != Q = 3 while tracing
+    context_len = torch.export.Dim("context", max=cfg.max_seq_len - 1)
+    dynamic = ({0: batch, 1: seq}, {3: context_len}, {3: context_len}, {1: batch, 3: own_len}, {1: batch, 3: own_len})
+    return _export(BranchForm(for_onnx(model)), (tokens, context, context.clone(), past, past.clone()), dynamic,
+                   ["tokens", "context_k", "context_v", "past_k", "past_v"], ["logits", "present_k", "present_v"],
+                   path, needs_loop=True)
 
 
 def export_onnx_verify(model: HRMLM, path: Path) -> Path:

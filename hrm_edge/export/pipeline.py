@@ -33,8 +33,8 @@ from hrm_edge.errors import UserError
 from hrm_edge.export.calibrate import activation_ranges, make_calibration_set, save_calibration_set
 from hrm_edge.export.executorch import export_pte, export_pte_decode, export_pte_speculative, quantized_for_pte
 from hrm_edge.export.names import artifact_name
-from hrm_edge.export.onnx import (NBITS_TABLE_BITS, export_onnx, export_onnx_decode, export_onnx_draft, export_onnx_verify,
-                                  export_ort, mobile_usability, quantize_nbits, quantize_static_int8)
+from hrm_edge.export.onnx import (NBITS_TABLE_BITS, export_onnx, export_onnx_branch, export_onnx_decode, export_onnx_draft,
+                                  export_onnx_verify, export_ort, mobile_usability, quantize_nbits, quantize_static_int8)
 from hrm_edge.export.quantize import (NBITS_BLOCK, all_linear_int8_names, dynamic_int4_quantization, dynamic_quantization,
                                       int8_weight_bytes, nbits_quantization, nbits_reference, nbits_weight_bytes,
                                       parse_linear_names, pt2e_quantization, pte_weight_bytes,
@@ -50,7 +50,6 @@ from hrm_edge.model.lm import HRMLM, parameter_counts, unique_weight_bytes
 from hrm_edge.quiet import native_stderr_kept_back, quiet_third_party
 from hrm_edge.runtime.decoders import generate
 from hrm_edge.runtime.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact, manifest_json
-from hrm_edge.runtime.speculative import speculative_set
 from hrm_edge.train.dataset import Corpus, encode_documents, fixed_windows, load_corpus
 from hrm_edge.train.loop import train
 from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
@@ -434,15 +433,16 @@ def export_nbits_onnx(staging: Path, prepared: Prepared, parity: ParitySet, onnx
 
 def export_speculative_onnx(staging: Path, prepared: Prepared, parity: ParitySet, calibration: Calibration | None,
                             made: Made, log) -> Made:
-    """Self-speculative decoding's draft and verify graphs (hrm_edge.runtime.speculative) beside each full-depth
-    KV graph in `made` they serve: fp32, and int8 with the static per-step KV graph's own plan (the verify graph's
-    Loop starts at block application L + 1, so its per-step scales do too)."""
+    """Self-speculative decoding's draft and verify graphs (hrm_edge.runtime.speculative), and the suggestion bar's
+    branch graph (the draft's work for rows sharing one context), beside each full-depth KV graph in `made` they
+    serve: fp32, and int8 with the static per-step KV graph's own plan (the verify graph's Loop starts at block
+    application L + 1, so its per-step scales do too)."""
     cfg, model = prepared.cfg, prepared.model
     if cfg.arch != "hrm" or cfg.H_cycles < 2 or not made.has(artifact_name("hrm", "fp32", "onnx", "kv_cache")):
         return Made()
-    t = _stage("self-speculative decoding: draft (first outer cycle) and verify (the rest) ONNX graphs", log)
+    t = _stage("self-speculative decoding: draft (first outer cycle), branch and verify (the rest) ONNX graphs", log)
     written = Made()
-    for program, export in (("draft", export_onnx_draft), ("verify", export_onnx_verify)):
+    for program, export in (("draft", export_onnx_draft), ("branch", export_onnx_branch), ("verify", export_onnx_verify)):
         path = export(model, staging / artifact_name("hrm", "fp32", "onnx", program))
         written += wrote(path, "onnx", "fp32", program, "onnx_loop", prefill_len=parity.prefill_len,
                          mobile_usability=mobile_usability(path))
@@ -451,7 +451,7 @@ def export_speculative_onnx(staging: Path, prepared: Prepared, parity: ParitySet
     if calibration is not None and int8_kv is not None:
         plan = static_plan(model, calibration.ranges, per_step=True,
                            fp32_linears=parse_linear_names(prepared.quant_cfg.static_fp32_linears))
-        for program, first_step in (("draft", 0), ("verify", cfg.L_cycles + 1)):
+        for program, first_step in (("draft", 0), ("branch", 0), ("verify", cfg.L_cycles + 1)):
             path = quantize_static_int8(staging / artifact_name("hrm", "fp32", "onnx", program),
                                         staging / artifact_name("hrm", "int8-static-perstep", "onnx", program),
                                         model, plan, first_step)
@@ -466,12 +466,13 @@ def export_speculative_onnx(staging: Path, prepared: Prepared, parity: ParitySet
 
 
 def nbits_speculative_onnx(staging: Path, model: HRMLM, parity: ParitySet, made: Made) -> Made:
-    """The draft and verify graphs of each MatMulNBits KV graph in `made` (export_nbits_onnx): the fp32 ones (written
+    """The draft, branch and verify graphs of each MatMulNBits KV graph in `made` (export_nbits_onnx): the fp32 ones (written
     by export_speculative_onnx) rewritten as the KV graph was; its eager reference is theirs too."""
     written = Made()
     for kv in [a for a in made.artifacts if a.program == "kv_cache" and (a.quantization or {}).get("mode") == "nbits"]:
         bits = int(kv.precision.removeprefix("int"))
-        for program, name in zip(("draft", "verify"), speculative_set(kv.path)[1:]):
+        for program in ("draft", "branch", "verify"):
+            name = kv.path.replace(".kv.", f".{program}.")
             path, weights = quantize_nbits(staging / artifact_name("hrm", "fp32", "onnx", program), staging / name,
                                            model, bits, NBITS_BLOCK[bits])
             written += wrote(path, "onnx", kv.precision, program, "onnx_loop", prefill_len=parity.prefill_len,

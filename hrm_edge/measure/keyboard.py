@@ -229,15 +229,14 @@ def load_or_train(path: Path | None, corpus: str, progress: bool = True) -> tupl
 
 def model_suggester(checkpoint: Path, onnx: Path | None = None, threads: int = 1) -> Suggester:
     """The model's keyboard (hrm_edge.runtime.suggest.suggest_words, 3 words) as a suggester: the eager
-    checkpoint, or the exported ONNX graph `onnx` on `threads` threads (its chains on the *.draft.onnx graph beside
-    it, as on the page). The typed context keeps its cache between keystrokes, as on the page."""
+    checkpoint, or the exported ONNX graph `onnx` on `threads` threads (its chains on the *.branch.onnx graph beside
+    it, else the *.draft.onnx, as on the page). The typed context keeps its cache between keystrokes, as on the page."""
     from hrm_edge.model.checkpoint import TOKENIZER, load_model  # torch
     from hrm_edge.runtime.suggest import OnnxStepModel, TypedContext, draft_beside, suggest_words
     from hrm_edge.train.tokenizer import load_tokenizer
 
     if onnx is not None:
-        draft = draft_beside(onnx)
-        step, draft = OnnxStepModel(onnx, threads), draft and OnnxStepModel(draft, threads)
+        step, draft = OnnxStepModel(onnx, threads), draft_beside(onnx, threads)
     else:
         import torch
 

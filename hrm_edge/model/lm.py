@@ -244,6 +244,39 @@ class StackedKVCache(NoCache):
         return torch.cat([self.past_k, self.new_k], dim=3), torch.cat([self.past_v, self.new_v], dim=3)
 
 
+class SharedContextCache(StackedKVCache):
+    """The branch graph's caches: a context past context_k, context_v [T, 1, H, P, hd] that every batch row reads
+    (one copy in, none out), then each row's own past_k, past_v [T, B, H, Q, hd] (the tokens a row has added since,
+    a few) and this call's keys. Branches of one context (the suggestion bar's candidate words) so never tile the
+    context's cache along the batch axis; the present is the rows' own part, [T, B, H, Q + S, hd]."""
+
+    def __init__(self, context_k, context_v, past_k, past_v, new_k=None, new_v=None, new_len: int | None = None):
+        super().__init__(past_k, past_v, new_k, new_v, new_len)
+        self.context_k, self.context_v = context_k, context_v
+
+    def positions(self, S: int, input_pos=None, device=None):
+        return self.context_k.shape[3] + self.past_k.shape[3] + torch.arange(S, device=self.past_k.device)
+
+    def mask(self, positions):
+        return attention_mask(positions, self.context_k.shape[3] + self.past_k.shape[3] + positions.shape[0])
+
+    def attend(self, t, positions, q, k, v, mask):
+        """sdpa over three parts (context [1, 1, H, P, hd], broadcast over the rows; the row's own past; the new
+        keys), unconcatenated as in sdpa_two_parts. Returns [1, B, S, H, hd]."""
+        t1, k, v = self.record(t, k, v)
+        own_k, own_v = self.past(t1)
+        keys = (self.context_k.index_select(0, t1), own_k, k)
+        values = (self.context_v.index_select(0, t1), own_v, v)
+        q = q.transpose(1, 2)  # [B, H, S, hd]
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        scores = torch.cat([torch.matmul(q, x.transpose(-1, -2)) for x in keys], dim=-1) * scale + mask
+        parts = torch.split(torch.softmax(scores, dim=-1), [x.shape[3] for x in keys], dim=-1)
+        return sum(torch.matmul(p, x) for p, x in zip(parts, values)).transpose(2, 3)
+
+    def with_carried(self, carried) -> "SharedContextCache":
+        return SharedContextCache(self.context_k, self.context_v, self.past_k, self.past_v, *carried)
+
+
 class FirstCycleKeysCache(NoCache):
     """Full-sequence forward with adaptive depth (teacher forcing, all positions at once): keeps the first cycle's
     keys/values (applications 0..L); at a deeper application t the positions in `exited` [B, S] (bool) offer the
@@ -611,6 +644,25 @@ class DraftForm(nn.Module):
         inp = m.step_inputs(tokens, cache)
         z = m.run_while_loop(inp, self.steps, torch.stack(m.initial_states(inp)))
         return (m.readout(m.final_state(z[0], z[1])), z, *cache.present())
+
+
+class BranchForm(nn.Module):
+    """(tokens [B, S], context_k, context_v [L + 1, 1, H, P, hd], past_k, past_v [L + 1, B, H, Q, hd]) -> (logits
+    [B, S, V] of the first outer cycle's readout, present_k, present_v [L + 1, B, H, Q + S, hd]): DraftForm for B
+    branches of one context (SharedContextCache), each row with its own past since the context. The suggestion
+    bar's chains (hrm_edge.runtime.suggest) extend with it; the logits are DraftForm's on the context's past tiled
+    B times and concatenated with each row's own."""
+
+    def __init__(self, model: HRMLM):
+        super().__init__()
+        self.model, self.steps = model, range(model.cfg.L_cycles + 1)
+
+    def forward(self, tokens, context_k, context_v, past_k, past_v):
+        m = self.model
+        cache = SharedContextCache(context_k, context_v, past_k, past_v, new_len=tokens.shape[1])
+        inp = m.step_inputs(tokens, cache)
+        z = m.run_while_loop(inp, self.steps, torch.stack(m.initial_states(inp)))
+        return (m.readout(m.final_state(z[0], z[1])), *cache.present())
 
 
 class VerifyForm(nn.Module):

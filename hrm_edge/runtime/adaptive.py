@@ -26,9 +26,16 @@ from hrm_edge.runtime.decoders import Generation, Sampling, decode_logits, gener
 DEFAULT_EXIT_THRESHOLD = 0.8
 
 
+# a speculative set's branch graph is checked on BRANCH_WINDOWS validation windows, BRANCH_TOKENS tokens after the
+# prefill (hrm_edge.verify.parity.branch_logits): its eager reference, <name>/first_cycle, holds only those
+BRANCH_WINDOWS = 2
+BRANCH_TOKENS = 64
+
+
 def reference_name(reference: str) -> str:
     """The parity bundle's name (under "reference/") of the eager adaptive reference of the artifacts whose eager
-    reference is `reference` ("fp32" for fp32 ones): <name>/logits [N, S, V] and <name>/exited [N, S] bool."""
+    reference is `reference` ("fp32" for fp32 ones): <name>/logits [N, S, V] and <name>/exited [N, S] bool, and
+    <name>/first_cycle [BRANCH_WINDOWS, BRANCH_TOKENS, V] (the first outer cycle's logits, for the branch graph)."""
     return f"adaptive/{reference}"
 
 

@@ -66,6 +66,29 @@ class OnnxStepModel:
         return out[0], out[-2], out[-1]  # logits, present_k, present_v (a draft graph's state in between)
 
 
+class OnnxBranchModel:
+    """A *.branch.onnx graph: the draft graph's work (the first outer cycle, T = L + 1 slots) for B rows that share
+    one context. run(tokens [B, S], context_k, context_v [T, 1, H, P, hd], past_k, past_v [T, B, H, Q, hd]) ->
+    (logits [B, S, V], present_k, present_v [T, B, H, Q + S, hd]): each row's own past grows, the context's is
+    read and never copied (a KV graph's first T slots are one: the keys of the context's positions)."""
+
+    def __init__(self, path: Path, threads: int = 0, profile: bool = False):
+        self.session = ort_session(path, threads, profile)
+        shape = next(i.shape for i in self.session.get_inputs() if i.name == "past_k")  # [T, B, H, Q, hd]
+        self.slots, self.heads, self.head_dim = shape[0], shape[2], shape[4]
+        self.max_seq_len = int(self.session.get_modelmeta().custom_metadata_map["max_seq_len"])
+
+    def empty_rows(self, rows: int) -> tuple[np.ndarray, np.ndarray]:  # [T, rows, H, 0, hd] each
+        shape = (self.slots, rows, self.heads, 0, self.head_dim)
+        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+
+    def run(self, tokens: np.ndarray, context_k: np.ndarray, context_v: np.ndarray, past_k: np.ndarray,
+            past_v: np.ndarray):
+        return tuple(self.session.run(None, {"tokens": np.ascontiguousarray(tokens, dtype=np.int64),
+                                             "context_k": context_k, "context_v": context_v,
+                                             "past_k": past_k, "past_v": past_v}))
+
+
 class OnnxDecoder(Decoder):
     """The *.kv.onnx graph one sequence at a time: the presents of one call are the pasts of the next (the cache
     grows by the call's tokens, up to max_seq_len)."""

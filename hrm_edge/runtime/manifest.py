@@ -39,7 +39,8 @@ class Artifact:
     runtime: str  # "onnxruntime" | "executorch"
     precision: str  # "fp32" | "int8" | "int4" (4-bit weights, 8-bit dynamic activations)
     # "full_sequence" | "kv_cache" | "draft" | "verify" (self-speculative decoding's two ONNX graphs) |
-    # "speculative" (the ExecuTorch program holding both, beside the KV program's forward)
+    # "speculative" (the ExecuTorch program holding both, beside the KV program's forward) | "branch" (the draft's
+    # first outer cycle for rows sharing one context: the suggestion bar's)
     program: str
     iteration: str  # "onnx_loop" | "unrolled"
     backend: str | None = None  # "xnnpack" (.pte)

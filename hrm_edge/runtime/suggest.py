@@ -10,7 +10,8 @@ A step model is the *.kv.onnx graph's contract: run(tokens int64 [B, S], past_k,
 (logits [B, S, V], present_k, present_v [T, B, H, P + S, hd]); empty_past() -> (k, v) [T, 1, H, 0, hd];
 max_seq_len; slots (T). OnnxStepModel runs the graph; hrm_edge.model.eager.EagerStepModel runs a checkpoint.
 The chains after the first token run on the draft model where there is one: the first outer cycle (the
-*.draft.onnx graph beside the KV graph, EagerStepModel(model, n_cycles=1)), fed the first `slots` of the cache.
+*.branch.onnx graph beside the KV graph, whose rows share the context's cache, OnnxBranchModel; the *.draft.onnx
+graph; EagerStepModel(model, n_cycles=1)), fed the first `slots` of the cache (draft_beside picks it).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hrm_edge.runtime.decoders import OnnxStepModel  # noqa: F401  (the step model of the docstring)
+from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxStepModel
 
 CANDIDATES = 4  # first tokens tried: 4, 6 and 8 gave the same top-3 accuracy on held-out code (2026-12-01)
 MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must be seen to end within them
@@ -93,12 +94,17 @@ class TypedContext:
         return self._by_first.get(prefix[:1], np.zeros(0, np.int64)) if prefix else None
 
 
-def draft_beside(kv_graph: Path) -> Path | None:
-    """The draft graph exported beside a KV graph (hrm.int8-static-perstep.kv.onnx -> hrm.int8-static-perstep.
-    draft.onnx), which extends the chains; None if there is none (a .ort file, or an export without it)."""
+def draft_beside(kv_graph: Path, threads: int = 0):
+    """The model that extends the chains, from the graphs exported beside a KV graph (hrm.X.kv.onnx): its branch graph
+    (hrm.X.branch.onnx, an OnnxBranchModel: the rows share the context's cache), else its draft graph (hrm.X.draft.onnx,
+    an OnnxStepModel: the context's cache tiled per row); None if neither is there (a .ort file, an older export)."""
     name = kv_graph.name
-    draft = kv_graph.with_name(name[: -len(".kv.onnx")] + ".draft.onnx") if name.endswith(".kv.onnx") else None
-    return draft if draft is not None and draft.is_file() else None
+    if not name.endswith(".kv.onnx"):
+        return None
+    branch, draft = (kv_graph.with_name(name[: -len(".kv.onnx")] + f".{p}.onnx") for p in ("branch", "draft"))
+    if branch.is_file():
+        return OnnxBranchModel(branch, threads)
+    return OnnxStepModel(draft, threads) if draft.is_file() else None
 
 
 def is_word_char(ch: str) -> bool:
@@ -217,6 +223,15 @@ def first_decision(chain: Chain, decide_tokens):
     return None
 
 
+def batch_runner(model, context_k: np.ndarray, context_v: np.ndarray, rows: int):
+    """(run(tokens [B, S], past_k, past_v) -> (logits, present_k, present_v), the rows' first pasts) for `rows` branches
+    of the context whose cache (its slots the model reads) is context_k, context_v [T', 1, H, P, hd]: a branch graph
+    reads that cache once for all rows and the pasts are the rows' own (none yet); another step model gets it tiled."""
+    if isinstance(model, OnnxBranchModel):
+        return (lambda tokens, k, v: model.run(tokens, context_k, context_v, k, v)), *model.empty_rows(rows)
+    return model.run, np.repeat(context_k, rows, axis=1), np.repeat(context_v, rows, axis=1)
+
+
 def extend(context: TypedContext, chains: list[Chain], still_open, next_token) -> None:
     """Grow every chain whose word is still open by greedy tokens (next_token(chain, logits [V]) -> id), all of
     them as one batch per decode step, until each has ended or is out of budget (still_open false)."""
@@ -224,11 +239,10 @@ def extend(context: TypedContext, chains: list[Chain], still_open, next_token) -
     if not rows:
         return
     model = context.draft or context.model
-    past_k = np.repeat(context.past_k[: model.slots], len(rows), axis=1)  # [T', B, H, P, hd]: the slots it reads
-    past_v = np.repeat(context.past_v[: model.slots], len(rows), axis=1)
+    run, past_k, past_v = batch_runner(model, context.past_k[: model.slots], context.past_v[: model.slots], len(rows))
     while True:
         tokens = np.array([[chains[i].tokens[-1]] for i in rows], np.int64)  # [B, 1]
-        logits, past_k, past_v = model.run(tokens, past_k, past_v)
+        logits, past_k, past_v = run(tokens, past_k, past_v)
         for b, i in enumerate(rows):
             row = logits[b, 0].astype(np.float64)
             t = next_token(chains[i], row)

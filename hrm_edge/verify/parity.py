@@ -30,9 +30,9 @@ import numpy as np
 
 from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_path, atomic_write_text, sha256_file
-from hrm_edge.runtime.adaptive import (DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder, TopProbRule, adaptive_decode_logits,
-                                      reference_name)
-from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
+from hrm_edge.runtime.adaptive import (BRANCH_TOKENS, BRANCH_WINDOWS, DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder,
+                                      TopProbRule, adaptive_decode_logits, reference_name)
+from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder,
                                           generate_speculative, speculative_set, teacher_forced_logits)
 from hrm_edge.runtime.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest
@@ -171,12 +171,50 @@ def speculative_decoder(path: Path, program: str):
     return OnnxSpeculativeDecoder(*(path.parent / name for name in speculative_set(path.name)))
 
 
+# ---- the branch graph (the suggestion bar's): B rows on one shared context ----
+# BRANCH_WINDOWS validation windows, BRANCH_TOKENS decoded after each prefill (hrm_edge.runtime.adaptive)
+BRANCH_ROWS = 2  # rows per call, sharing the context
+
+
+def branch_logits(path: Path, tokens: np.ndarray, prefill_len: int) -> np.ndarray:
+    """First-cycle logits [BRANCH_WINDOWS * BRANCH_ROWS, BRANCH_TOKENS, V] of a branch graph, teacher forced: a
+    window's first prefill_len tokens make the context (one call on an empty one: its present is the context's
+    cache), then each next token is one call of BRANCH_ROWS rows on that context, each row growing its own past.
+    Rows are the same tokens, so every row must match the one reference (branch_reference)."""
+    model, out = OnnxBranchModel(path), []
+    for window in tokens[:BRANCH_WINDOWS]:
+        _, context_k, context_v = model.run(window[None, :prefill_len], *model.empty_rows(1), *model.empty_rows(1))
+        past_k, past_v = model.empty_rows(BRANCH_ROWS)
+        steps = []
+        for token in window[prefill_len: prefill_len + BRANCH_TOKENS]:
+            logits, past_k, past_v = model.run(np.full((BRANCH_ROWS, 1), token), context_k, context_v, past_k, past_v)
+            steps.append(logits[:, 0])  # [R, V]
+        out.append(np.stack(steps, axis=1))  # [R, BRANCH_TOKENS, V]
+    return np.concatenate(out)
+
+
+def branch_reference(bundle: dict, art: Artifact) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """(reference logits, targets, name) that branch_logits' output is compared with: the first-cycle eager logits of
+    the artifact's eager reference (fp32, or its quantized twin), each window repeated per row; None if not stored."""
+    key = adaptive_key(art) + "/first_cycle"
+    if key not in bundle:
+        return None
+    p = art.prefill_len
+    targets = bundle["windows"][:BRANCH_WINDOWS, p + 1: p + 1 + BRANCH_TOKENS]
+    name = ("fp32 eager, first outer cycle" if art.precision == "fp32"
+            else f"{art.precision} eager reference, first cycle")
+    return np.repeat(bundle[key], BRANCH_ROWS, axis=0), np.repeat(targets, BRANCH_ROWS, axis=0), name
+
+
 def run_artifact(path: Path, art: Artifact, tokens: np.ndarray) -> np.ndarray:
     """Full-sequence logits [N, S, V] of tokens [N, S]: directly; for a KV-cache program by a prefill of
     art.prefill_len tokens followed by one decode step per remaining token; for a draft or verify graph (with its
-    set) or a speculative program by self-speculative decoding of the given tokens (teacher_forced_logits)."""
+    set) or a speculative program by self-speculative decoding of the given tokens (teacher_forced_logits); for a
+    branch graph its first-cycle logits on a few windows (branch_logits)."""
     if art.program == "kv_cache":
         return decode_logits(kv_decoder(path, art.format), tokens, art.prefill_len)
+    if art.program == "branch":
+        return branch_logits(path, tokens, art.prefill_len)
     if art.program in SPECULATIVE_PROGRAMS:
         return teacher_forced_logits(speculative_decoder(path, art.program), tokens, art.prefill_len,
                                      DEFAULT_DRAFT_LEN)
@@ -313,24 +351,9 @@ def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_byt
         return {"passed": False, "reason": f"{art.format} runtime error: {type(e).__name__}: {str(e)[:300]}"}
     if logits_out is not None:
         logits_out["logits"] = logits
-    targets = windows[:, 1:]
-    # a depth-dial artifact (fewer outer cycles) is compared with the eager fp32 model at its own depth
-    fp32_key = art.fp32_reference if art.fp32_reference is not None else "fp32_logits"
-    if fp32_key not in bundle:
-        return {"passed": False, "reason": f"the parity bundle has no fp32 reference {fp32_key!r}"}
-    fp32_name = "fp32 eager" if fp32_key == "fp32_logits" else f"fp32 eager, {art.cycles} outer cycle(s)"
-    if art.precision == "fp32":
-        checks = [compare(logits, bundle[fp32_key], targets, Tolerance(**tol["fp32_vs_fp32_eager"]), fp32_name)]
-    else:
-        key = f"reference/{art.reference}"
-        if key not in bundle:
-            return {"passed": False, "reason": f"the parity bundle has no {art.precision} reference {art.reference!r}"}
-        # vs its own eager reference: the runtime computes what was asked (the same bound at 8 and 4 bits);
-        # vs fp32: what quantization costs, with the bounds of its precision
-        checks = [compare(logits, bundle[key], targets, Tolerance(**tol["int8_vs_int8_reference"]),
-                          f"{art.precision} eager reference ({art.reference})"),
-                  compare(logits, bundle[fp32_key], targets, Tolerance(**tol[f"{art.precision}_vs_fp32_eager"]),
-                          fp32_name)]
+    checks = reference_checks(art, logits, bundle, tol)
+    if isinstance(checks, str):
+        return {"passed": False, "reason": checks}
     reasons = [f"vs {c['reference']}: {c['reason']}" for c in checks if not c["passed"]]
     adaptive = artifact_adaptive(out_dir, art, bundle, tol, eager) if art.program in ADAPTIVE_PROGRAMS else None
     reasons += [f"adaptive depth: {adaptive['reason']}"] if adaptive and not adaptive["passed"] else []
@@ -345,6 +368,32 @@ def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_byt
     if adaptive is not None:
         result["adaptive"] = adaptive
     return result
+
+
+def reference_checks(art: Artifact, logits: np.ndarray, bundle: dict, tol: dict) -> list[dict] | str:
+    """compare() of an artifact's logits with its eager references in the bundle (a reason string if one is missing):
+    fp32 with the fp32 model (a depth-dial artifact at its own depth); a quantized one with its own eager reference
+    (the runtime computes what was asked: the same bound at 8 and 4 bits) and with fp32 (what quantization costs,
+    with the bounds of its precision); a branch graph with its reference's first cycle."""
+    own = Tolerance(**tol["fp32_vs_fp32_eager" if art.precision == "fp32" else "int8_vs_int8_reference"])
+    if art.program == "branch":
+        found = branch_reference(bundle, art)
+        if found is None:
+            return f"the parity bundle has no first-cycle reference {adaptive_key(art)!r}"
+        reference, targets, name = found
+        return [compare(logits, reference, targets, own, name)]
+    targets = bundle["windows"][:, 1:]
+    fp32_key = art.fp32_reference if art.fp32_reference is not None else "fp32_logits"
+    if fp32_key not in bundle:
+        return f"the parity bundle has no fp32 reference {fp32_key!r}"
+    fp32_name = "fp32 eager" if fp32_key == "fp32_logits" else f"fp32 eager, {art.cycles} outer cycle(s)"
+    if art.precision == "fp32":
+        return [compare(logits, bundle[fp32_key], targets, own, fp32_name)]
+    key = f"reference/{art.reference}"
+    if key not in bundle:
+        return f"the parity bundle has no {art.precision} reference {art.reference!r}"
+    return [compare(logits, bundle[key], targets, own, f"{art.precision} eager reference ({art.reference})"),
+            compare(logits, bundle[fp32_key], targets, Tolerance(**tol[f"{art.precision}_vs_fp32_eager"]), fp32_name)]
 
 
 def greedy_check(path: Path, art: Artifact, bundle: dict, reasons: list) -> dict | None:

@@ -12,7 +12,7 @@ import torch
 from hrm_edge.errors import UserError
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.model.lm import HaltingRule, adaptive_logits, run_first_cycle
-from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD, reference_name
+from hrm_edge.runtime.adaptive import BRANCH_TOKENS, BRANCH_WINDOWS, DEFAULT_EXIT_THRESHOLD, reference_name
 from hrm_edge.runtime.manifest import verify_files
 
 
@@ -63,9 +63,15 @@ def eager_adaptive(model, tokens: np.ndarray, prefill_len: int, threshold: float
 def adaptive_references(model, reference: str, tokens: np.ndarray, prefill_len: int, batch_size: int = 4) -> dict:
     """The parity bundle's eager adaptive reference at DEFAULT_EXIT_THRESHOLD of the artifacts whose eager reference
     is `model` (named `reference`; "fp32" for the fp32 model): {name/logits: [N, S, V], name/exited: [N, S]}, the
-    logits under the eager rule's own exits (what the gate compares with where no eager model runs)."""
+    logits under the eager rule's own exits (what the gate compares with where no eager model runs), and
+    name/first_cycle [BRANCH_WINDOWS, BRANCH_TOKENS, V], the first outer cycle's logits the set's branch graph is
+    compared with (hrm_edge.verify.parity.branch_logits)."""
     logits, exited = eager_adaptive(model, tokens, prefill_len, DEFAULT_EXIT_THRESHOLD, batch_size=batch_size)
-    return {f"{reference_name(reference)}/logits": logits, f"{reference_name(reference)}/exited": exited}
+    with torch.no_grad():  # the set's branch graph decodes BRANCH_TOKENS after the prefill of BRANCH_WINDOWS windows
+        first = run_first_cycle(model, torch.from_numpy(tokens[:BRANCH_WINDOWS, : prefill_len + BRANCH_TOKENS]))
+    name = reference_name(reference)
+    return {f"{name}/logits": logits, f"{name}/exited": exited,
+            f"{name}/first_cycle": first.logits[:, prefill_len:].numpy().astype(np.float32)}
 
 
 def folder_adaptive(out_dir: Path, tokens: np.ndarray, prefill_len: int, threshold: float, exited: np.ndarray):

@@ -3,7 +3,7 @@
 // which models, tokenizer and web parity bundle this export has.
 import { generate } from "./generate.mjs";
 import { healPrompt, textAfter } from "./healing.mjs";
-import { AdaptiveModel, KvModel, fetchOk, loadTokenizer, runtimeInfo } from "./model.mjs";
+import { AdaptiveModel, BranchModel, KvModel, fetchOk, loadTokenizer, runtimeInfo } from "./model.mjs";
 import { loadWebBundle, selfTest } from "./selftest.mjs";
 import { TypedContext, suggestWords } from "./suggest.mjs";
 
@@ -45,10 +45,12 @@ async function selectModel(id) {
   const t = performance.now();
   state.model = await KvModel.load(info.url, state.config.max_seq_len);
   state.modelInfo = info;
-  // the suggestion bar extends its words with the draft graph (the first outer cycle) where the export has one
-  // (?draft=0: with the full depth, to compare)
-  const useDraft = info.draft_url && new URLSearchParams(location.search).get("draft") !== "0";
-  const draft = useDraft ? await KvModel.load(info.draft_url, state.config.max_seq_len) : null;
+  // the suggestion bar extends its words with the first outer cycle where the export has it: the branch graph (its
+  // rows share the context's cache), else the draft graph (?draft=0: with the full depth, to compare)
+  const useDraft = new URLSearchParams(location.search).get("draft") !== "0";
+  const draft = !useDraft ? null
+    : info.branch_url ? await BranchModel.load(info.branch_url, state.config.max_seq_len)
+      : info.draft_url ? await KvModel.load(info.draft_url, state.config.max_seq_len) : null;
   state.context = new TypedContext(state.model, draft);
   const gate = info.passed ? "passed the export's parity gate" : "FAILED the export's parity gate";
   setStatus(`${info.id} loaded in ${Math.round(performance.now() - t)} ms (${gate})`, !info.passed);

@@ -4,7 +4,8 @@
 //   inputs  tokens int64 [B, S], past_k / past_v float32 [T, B, H, P, hd]
 //   outputs logits float32 [B, S, V], present_k / present_v [T, B, H, P + S, hd]
 // The "draft" graph (the first outer cycle) has the same contract over the first L + 1 slots (and a `state`
-// output, unused here): the suggestion bar extends its chains with it.
+// output, for the verify graph): Complete's adaptive depth runs it; the suggestion bar extends its chains with its
+// "branch" twin (BranchModel below) or, in an export without one, with it.
 // A call's presents are the next call's pasts. Pasts are immutable values, so branching (trying several
 // next tokens for suggestions) is calling again with the same past, or once with it tiled along the batch axis
 // (pastRows). Python twin: hrm_edge/runtime/decoders.py OnnxDecoder.
@@ -87,16 +88,7 @@ export class KvModel {
   // A past made of the given batch rows of `past` (repeats allowed: [0, 0, 0] tiles a one-row past 3 times), and
   // of its first this.T slots (a draft graph reads the first L + 1 of the full graph's cache).
   pastRows(past, rows) {
-    const pick = (tensor) => {
-      const [, B, H, P, hd] = tensor.dims, T = this.T, block = H * P * hd, src = tensor.data;
-      const dst = new Float32Array(T * rows.length * block);
-      for (let t = 0; t < T; t++) {
-        rows.forEach((r, b) => dst.set(src.subarray((t * B + r) * block, (t * B + r + 1) * block),
-                                       (t * rows.length + b) * block));
-      }
-      return new ort.Tensor("float32", dst, [T, rows.length, H, P, hd]);
-    };
-    return { k: pick(past.k), v: pick(past.v), length: past.length };
+    return { k: pickRows(past.k, rows, this.T), v: pickRows(past.v, rows, this.T), length: past.length };
   }
 
   // The first n positions of a past (to reuse the cache of a common prefix of an edited text).
@@ -109,6 +101,69 @@ export class KvModel {
       return new ort.Tensor("float32", dst, [this.T, 1, this.H, n, this.hd]);
     };
     return { k: slice(past.k), v: slice(past.v), length: n };
+  }
+}
+
+// Rows `rows` (repeats allowed) of the first T slots of a past tensor [T', B, H, P, hd] -> [T, rows.length, H, P, hd].
+function pickRows(tensor, rows, T) {
+  const [, B, H, P, hd] = tensor.dims, block = H * P * hd, src = tensor.data;
+  const dst = new Float32Array(T * rows.length * block);
+  for (let t = 0; t < T; t++) {
+    rows.forEach((r, b) => dst.set(src.subarray((t * B + r) * block, (t * B + r + 1) * block), (t * rows.length + b) * block));
+  }
+  return new ort.Tensor("float32", dst, [T, rows.length, H, P, hd]);
+}
+
+// The suggestion bar's branch graph (*.branch.onnx; hrm_edge/model/lm.py BranchForm): the draft graph's first outer
+// cycle for rows that share one context, so the chains never tile the context's cache along the batch axis:
+//   inputs  tokens int64 [B, S], context_k / context_v [T, 1, H, P, hd] (read by every row), past_k / past_v
+//           [T, B, H, Q, hd] (each row's own positions since the context)
+//   outputs logits [B, S, V], present_k / present_v [T, B, H, Q + S, hd] (the rows' own part only)
+// Its pasts are {context: {k, v}, k, v, length}; run and pastRows as KvModel's (suggest.mjs uses either).
+// Python twin: hrm_edge/runtime/decoders.py OnnxBranchModel.
+export class BranchModel {
+  constructor(session, maxSeqLen) {
+    this.session = session;
+    this.maxSeqLen = maxSeqLen;
+    [this.T, , this.H, , this.hd] = session.inputMetadata.find((m) => m.name === "past_k").shape;
+    this.queue = Promise.resolve();
+  }
+
+  static async load(url, maxSeqLen) {
+    return new BranchModel(await loadSession(url), maxSeqLen);
+  }
+
+  // Rows of a past. Of a KV graph's past (one row, the context): its first T slots become the shared context (a
+  // view, no copy) and the rows start with no positions of their own; of a branch past: its own rows `rows`.
+  pastRows(past, rows) {
+    if (past.context) {
+      return { context: past.context, k: pickRows(past.k, rows, this.T), v: pickRows(past.v, rows, this.T),
+               length: past.length };
+    }
+    const first = (tensor) => {
+      const [, , H, P, hd] = tensor.dims;
+      return new ort.Tensor("float32", tensor.data.subarray(0, this.T * H * P * hd), [this.T, 1, H, P, hd]);
+    };
+    const none = new ort.Tensor("float32", new Float32Array(0), [this.T, rows.length, this.H, 0, this.hd]);
+    return { context: { k: first(past.k), v: first(past.v) }, k: none, v: none, length: past.length };
+  }
+
+  // tokens: int[] [batch * S]; past: pastRows'. Returns {logits: Float32Array [batch * S * V], vocab, past}.
+  run(tokens, past, batch = 1) {
+    const seq = tokens.length / batch;
+    if (past.length + seq > this.maxSeqLen) {
+      return Promise.reject(new Error(`context full: ${past.length} + ${seq} > ${this.maxSeqLen}`));
+    }
+    const job = this.queue.then(async () => {
+      const out = await this.session.run({
+        tokens: new ort.Tensor("int64", BigInt64Array.from(tokens, BigInt), [batch, seq]),
+        context_k: past.context.k, context_v: past.context.v, past_k: past.k, past_v: past.v,
+      });
+      return { logits: out.logits.data, vocab: out.logits.dims[2],
+               past: { context: past.context, k: out.present_k, v: out.present_v, length: past.length + seq } };
+    });
+    this.queue = job.catch(() => {});
+    return job;
   }
 }
 

@@ -10,8 +10,8 @@
 // the same insert. Mid-word ("imp") the chip is the completed word ("import").
 // Cost per keystroke: the changed tokens of the text (the cache of the unchanged prefix is reused) + at most
 // MAX_EXTRA_TOKENS batched one-token decode steps (more while a chain spells the taken-back text), run by the
-// draft graph (the first outer cycle: half a full step's work) where the page has one; chains already computed
-// for the same context are reused.
+// branch or draft graph (the first outer cycle: half a full step's work) where the page has one; chains already
+// computed for the same context are reused.
 import { argmax } from "./generate.mjs";
 import { row } from "./model.mjs";
 
@@ -25,8 +25,9 @@ const WORD_CHAR = /^[\p{L}\p{N}_]/u;
 // Keeps the KV cache of the text typed so far, so a keystroke costs one or two tokens, not a prefill, and
 // the greedy chains computed from it (typing on inside a word often asks for the same ones again).
 export class TypedContext {
-  // model: the KV graph; draft: the *.draft.onnx graph (the first outer cycle), which extends the chains from the
-  // first draft.T slots of the cache, or null (the KV graph extends them)
+  // model: the KV graph; draft: the *.branch.onnx graph (BranchModel) or the *.draft.onnx graph (a KvModel): the
+  // first outer cycle, which extends the chains from the first draft.T slots of the cache; or null (the KV graph
+  // extends them)
   constructor(model, draft = null) {
     this.model = model;
     this.draft = draft;
@@ -171,8 +172,9 @@ function firstDecision(chain, decideTokens) {
 }
 
 // Grow every chain whose word is still open by greedy tokens (nextToken(chain, logits) -> id), all of them as
-// one batch per decode step (the context's past tiled along the batch axis), until each has ended or is out of
-// budget (stillOpen false). The draft model runs the steps where there is one (pastRows keeps its slots).
+// one batch per decode step, until each has ended or is out of budget (stillOpen false). The draft model runs the
+// steps where there is one (pastRows keeps its slots): a branch graph's rows share the context's past, a draft or
+// KV graph's get it tiled along the batch axis.
 async function extend(context, chains, stillOpen, nextToken) {
   const model = context.draft ?? context.model;
   let rows = chains.map((_, i) => i).filter((i) => stillOpen(chains[i])); // the chain of each batch row
