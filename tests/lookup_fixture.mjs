@@ -30,6 +30,32 @@ class CycleModel {
   }
 }
 
+// The draft and verify graphs of the same fixture (AdaptiveModel's split / draftRun / verifyRun / commit): the verify
+// graph gives CycleModel's logits, the draft graph CycleModel's except at every fifth position, where its favourite
+// is another token (so some proposals are rejected). Each half's past holds its ids; the calls check that the
+// halves and the draft states line up as the page's graphs need them to.
+class CycleSet {
+  constructor(full) { this.full = full; this.calls = 0; }
+  split(past) { return { first: past, rest: past }; }
+  async draftRun(tokens, first) {
+    this.calls += 1;
+    const out = await this.full.run(tokens, first), V = this.full.vocab;
+    tokens.forEach((t, s) => {
+      if ((first.length + s) % 5 === 0) out.logits[s * V + ((this.full.next[t] + 1) % V)] = 1.3;
+    });
+    const state = { dims: [2, 1, tokens.length, 1], positions: tokens.map((_, s) => first.length + s) };
+    return { logits: out.logits, vocab: V, state, first: out.past };
+  }
+  async verifyRun(tokens, states, rest) {
+    this.calls += 1;
+    const positions = states.flatMap((s) => s.positions);
+    if (positions.join() !== tokens.map((_, s) => rest.length + s).join()) throw new Error(`states ${positions}`);
+    const out = await this.full.run(tokens, rest);
+    return { logits: out.logits, vocab: out.vocab, rest: out.past };
+  }
+  commit(halves, n) { return { first: this.full.slicePast(halves.first, n), rest: this.full.slicePast(halves.rest, n) }; }
+}
+
 const job = JSON.parse(readFileSync(process.argv[2], "utf8"));
 const guesses = job.guesses.map(([context, maxLen]) => contextGuess(context, maxLen));
 const runs = [];
@@ -41,6 +67,13 @@ for (const { prompt, penalty, maxNew } of job.generations) {
                                               eosId: job.eos }, async () => {});
     out[lookupLen] = { tokens: g.tokens, calls: g.calls, fromContext: g.fromContext, modelCalls: model.calls,
                        stoppedAt: g.stoppedAt };
+    // self-speculative rounds: the prefill on the KV model, then the draft and verify graphs only
+    const kv = new CycleModel(job.vocab, job.next, job.max_seq_len), set = new CycleSet(new CycleModel(job.vocab,
+      job.next, job.max_seq_len));
+    const r = await generate(kv, prompt, { maxNewTokens: maxNew, repetitionPenalty: penalty, lookupLen, eosId: job.eos,
+                                           speculative: set, draftLen: 4 }, async () => {});
+    out[`draft${lookupLen}`] = { tokens: r.tokens, calls: r.calls, fromContext: r.fromContext, rounds: r.rounds,
+                                 proposed: r.proposed, accepted: r.accepted, kvCalls: kv.calls, setCalls: set.calls };
   }
   runs.push(out);
 }

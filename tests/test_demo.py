@@ -257,29 +257,42 @@ def int8_reference_self_test(export_dir: Path, model_id: str) -> dict:
     return check_web_bundle(reference, web, "int8")
 
 
+def page_completion(page, prompt: str, fields: dict) -> tuple[str, dict]:
+    """The page's Complete on `prompt` with the given fields ({"#exit": "0.8", ...}): (the text box, lastCompletion)."""
+    page.evaluate("window.hrmDemo.lastCompletion = null")
+    page.fill("#text", prompt)
+    for field, value in fields.items():
+        page.fill(field, value)
+    page.click("#complete")
+    page.wait_for_function("window.hrmDemo.lastCompletion", timeout=180_000)
+    return page.input_value("#text"), page.evaluate("window.hrmDemo.lastCompletion")
+
+
 @pytest.mark.slow
-def test_page_adaptive_depth_is_complete_exit_threshold(default_export, browser):
-    """The page's Complete with an exit threshold (adaptive depth on the draft + verify graphs) prints what
-    `complete --runtime onnx --exit-threshold` prints (fp32, greedy), and some tokens exit."""
+def test_page_adaptive_depth_and_draft_rounds_are_completes(default_export, browser):
+    """The page's Complete on the draft + verify graphs (fp32, greedy) prints what `complete --runtime onnx` prints:
+    with an exit threshold (adaptive depth, some tokens exit) what `--exit-threshold` prints, and with draft rounds
+    what `--speculative` prints, which is plain greedy decoding's text (some proposals rejected, most kept)."""
     prompt = "import os\nimport sys\n\n\ndef main():\n    "
+    greedy = {"#temperature": "0", "#top-k": "0", "#max-new": "48"}
     server = DemoServer(default_export)
     try:
         page = open_page(browser, server.url)
         select_model(page, "hrm.fp32.kv.onnx")
-        page.fill("#text", prompt)
-        for field, value in (("#temperature", "0"), ("#top-k", "0"), ("#max-new", "48"), ("#exit", "0.8")):
-            page.fill(field, value)
-        page.click("#complete")
-        page.wait_for_function("window.hrmDemo.lastCompletion", timeout=180_000)
-        completion = page.evaluate("window.hrmDemo.lastCompletion")
-        text = page.input_value("#text")
+        adaptive_text, adaptive = page_completion(page, prompt, greedy | {"#exit": "0.8"})
+        rounds_text, rounds = page_completion(page, prompt, greedy | {"#exit": "", "#lookup": "0", "#draft": "4"})
     finally:
         server.close()
     cli = run_module("hrm_edge.complete", "--artifacts", default_export, "--runtime", "onnx", "--precision", "fp32",
                      "--exit-threshold", "0.8", "--max-new-tokens", "48", prompt)
     assert cli.returncode == 0, cli.stderr
-    assert text == cli.stdout.rsplit("\n", 2)[0]  # prompt + continuation; then the stats line
-    assert completion["calls"] == 47 and 0 < completion["exited"] < 47, completion  # some exit, not all
+    assert adaptive_text == cli.stdout.rsplit("\n", 2)[0]  # prompt + continuation; then the stats line
+    assert adaptive["calls"] == 47 and 0 < adaptive["exited"] < 47, adaptive  # some exit, not all
+    plain = run_module("hrm_edge.complete", "--artifacts", default_export, "--runtime", "onnx", "--precision", "fp32",
+                       "--max-new-tokens", "48", prompt)
+    assert plain.returncode == 0, plain.stderr
+    assert rounds_text == plain.stdout.rsplit("\n", 2)[0]
+    assert rounds["rounds"] + rounds["accepted"] == 47 and 0 < rounds["accepted"] < rounds["proposed"], rounds
 
 
 ADAPTIVE_STEPS = """async ({ tokens, prefill, threshold }) => {

@@ -289,6 +289,15 @@ def test_page_context_lookup_is_exact_greedy(tmp_path):
         assert lookup["calls"] + lookup["fromContext"] == g["maxNew"] - 1  # each token: one call or one guess
         assert lookup["modelCalls"] == lookup["calls"] + 1  # + the prefill
     assert out["runs"][0]["8"]["fromContext"] > 20  # the cycle repeats: most tokens come from the context
+    for g, run in zip(generations, out["runs"]):  # self-speculative rounds: the same text, the draft's misses corrected
+        for lookup_len in (0, 8):
+            r = run[f"draft{lookup_len}"]
+            assert r["tokens"] == run["0"]["tokens"], (g, r)
+            assert r["kvCalls"] == 1 and r["setCalls"] == r["calls"]  # the KV graph prefills, the set decodes
+            assert r["accepted"] + r["rounds"] == g["maxNew"] - 1  # every round: its kept proposals + one token
+            assert 0 < r["accepted"] < r["proposed"], r  # the fixture's draft is right, except at every 5th position
+        assert run["draft8"]["fromContext"] > 0 and run["draft0"]["fromContext"] == 0
+    assert out["runs"][0]["draft0"]["rounds"] < out["runs"][0]["0"]["calls"] / 2  # full-depth calls: verify rounds
 
     def follows_cycle(g, run):
         text = g["prompt"] + run["0"]["tokens"]

@@ -110,10 +110,12 @@ function completionSettings() {
            topK: Math.max(0, parseInt($("top-k").value, 10) || 0), seed: 0, eosId: state.config.tokenizer.eos_id,
            repetitionPenalty: Math.min(10, Math.max(1, parseFloat($("repetition").value) || 1)),
            lookupLen: Math.min(64, Math.max(0, parseInt($("lookup").value, 10) || 0)),
+           draftLen: Math.min(8, Math.max(0, parseInt($("draft").value, 10) || 0)),
            exitThreshold: $("exit").value === "" ? null : Math.min(1, Math.max(0, parseFloat($("exit").value) || 0)) };
 }
 
-// The current program's draft + verify graphs for adaptive depth, loaded on first use (null if it has none).
+// The current program's draft + verify graphs for adaptive depth and draft rounds, loaded on first use (null if it
+// has none).
 async function adaptiveModel() {
   const info = state.modelInfo;
   if (!info.draft_url || !info.verify_url) return null;
@@ -155,12 +157,17 @@ async function complete() {
     if (settings.exitThreshold !== null) {
       settings.adaptive = await adaptiveModel();
       if (!settings.adaptive) throw new Error(`${state.modelInfo.id} has no draft and verify graphs (adaptive depth)`);
+    } else if (settings.draftLen > 0 && settings.temperature === 0) {
+      settings.speculative = await adaptiveModel();
+      if (!settings.speculative) throw new Error(`${state.modelInfo.id} has no draft and verify graphs (draft rounds)`);
     }
     const g = await generate(state.model, context, settings, onToken, () => state.stop);
     shown = textAfter(newIds, state.tokenizer.bytes, skip);
     box.value = before + shown + after;
     box.setSelectionRange(before.length + shown.length, before.length + shown.length);
-    const how = g.fromContext ? ` (${g.calls} calls, ${g.fromContext} tokens verified from the text)` :
+    const how = g.rounds ? ` (${g.rounds} verify calls; ${g.accepted} of ${g.proposed} proposals kept, ` +
+      `${g.fromContext} of them from the text)` :
+      g.fromContext ? ` (${g.calls} calls, ${g.fromContext} tokens verified from the text)` :
       settings.adaptive ? ` (${g.exited} of ${g.calls} tokens exited after the first cycle)` : "";
     $("stats").textContent = `${g.tokens.length} tokens, decode ${g.decodeTokensPerS.toFixed(0)} tokens/s${how}, ` +
       `prefill ${context.length} tokens at ${g.prefillTokensPerS.toFixed(0)} tokens/s (stopped at ${g.stoppedAt}` +

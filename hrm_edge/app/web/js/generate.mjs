@@ -75,16 +75,20 @@ export function contextGuess(context, maxLen, ngrams = LOOKUP_NGRAMS) {
 // settings.lookupLen > 0 with temperature 0: each decode call also runs the tokens that followed the same n-gram
 // earlier in the context (contextGuess) and keeps those the model would have chosen anyway, so the tokens are the
 // greedy ones exactly, in fewer calls (exact speculative decoding with the context as the draft).
+// settings.speculative (an AdaptiveModel: the draft and verify graphs) with settings.draftLen > 0, greedy:
+// self-speculative rounds instead (draftRounds), as `complete --speculative --draft-len --lookup-len`.
 // settings.adaptive (an AdaptiveModel) with settings.exitThreshold: adaptive depth instead (each decoded token may
 // exit after the first outer cycle; lossy, opt-in), as `complete --exit-threshold`.
 // Returns {tokens, prefillMs, decodeMs, prefillTokensPerS, decodeTokensPerS, stoppedAt, calls, fromContext,
-// exited}.
+// exited, rounds, proposed, accepted}.
 export async function generate(model, prompt, settings, onToken, shouldStop = () => false) {
   const { maxNewTokens = 64, temperature = 0, topK = 0, seed = 0, eosId = null, repetitionPenalty = 1,
-          heal = null, lookupLen = 0, adaptive = null, exitThreshold = 1.01 } = settings;
+          heal = null, lookupLen = 0, adaptive = null, exitThreshold = 1.01, speculative = null,
+          draftLen = 0 } = settings;
   const random = seededRandom(seed);
   // a guess is checked against the argmax: greedy only, and not with adaptive depth (whose logits depend on depth)
   const lookup = temperature > 0 || adaptive ? 0 : lookupLen;
+  const rounds = speculative && draftLen > 0 && !(temperature > 0) && !adaptive;
   const tokens = [];
   let t = performance.now();
   const out = await model.run(prompt, model.emptyPast());
@@ -104,6 +108,14 @@ export async function generate(model, prompt, settings, onToken, shouldStop = ()
   let logits = row(out.logits, out.vocab, prompt.length - 1), past = out.past, calls = 0, fromContext = 0, exited = 0;
   let halves = adaptive ? adaptive.split(past) : null; // the prefill ran the full depth
   if (budget < 1) stoppedAt = "max length";
+  let spec = { rounds: 0, proposed: 0, accepted: 0 };
+  if (rounds && stoppedAt === null) {
+    await emit(pick(logits));
+    const decoding = { emit, pick, stopped: () => stoppedAt !== null, context: () => prompt.concat(tokens),
+                       room: () => budget - tokens.length, draftLen, lookupLen: lookup, repetitionPenalty };
+    spec = await draftRounds(speculative, speculative.split(past), decoding);
+    [calls, fromContext] = [spec.calls, spec.fromContext];
+  }
   while (stoppedAt === null) {
     const token = pick(logits);
     await emit(token);
@@ -128,7 +140,56 @@ export async function generate(model, prompt, settings, onToken, shouldStop = ()
   const decodeMs = performance.now() - t;
   // the first new token comes from the prefill logits; the others from `calls` decode calls
   const steps = Math.max(tokens.length - 1, 0);
-  return { tokens, prefillMs, decodeMs, stoppedAt, calls, fromContext, exited,
+  return { tokens, prefillMs, decodeMs, stoppedAt, calls, fromContext, exited, rounds: spec.rounds,
+           proposed: spec.proposed, accepted: spec.accepted,
            prefillTokensPerS: prefillMs ? prompt.length / (prefillMs / 1000) : 0,
            decodeTokensPerS: decodeMs ? steps / (decodeMs / 1000) : 0 };
+}
+
+// Greedy self-speculative rounds (hrm_edge.runtime.speculative.generate_speculative), after the first new token: a
+// round's inputs are the last token and its proposals; the proposals are the tokens that followed the same n-gram
+// earlier in the context (contextGuess, at most lookupLen: one draft-graph call for all) or else draftLen argmaxes
+// of the draft graph (the first outer cycle, one call each, its logits shaped by the repetition penalty); one
+// verify-graph call gives the full depth's logits at every input, whose picks are kept up to the first that differs
+// from a proposal. So the tokens are the full depth's greedy ones, in fewer full-depth calls. spec: an
+// AdaptiveModel (split, draftRun, verifyRun, commit); d: the generation (emit, pick, stopped, context, room, ...).
+// Returns {calls, fromContext, rounds, proposed, accepted}.
+async function draftRounds(spec, halves, d) {
+  const stats = { calls: 0, fromContext: 0, rounds: 0, proposed: 0, accepted: 0 };
+  while (!d.stopped()) {
+    const context = d.context(), start = halves.first.length;
+    const inputs = [context[context.length - 1]], states = [];
+    const guess = contextGuess(context, Math.min(d.lookupLen, d.room() - 1));
+    let first = halves.first;
+    const draft = async (tokens) => {
+      const r = await spec.draftRun(tokens, first);
+      [first, stats.calls] = [r.first, stats.calls + 1];
+      states.push(r.state);
+      return row(r.logits, r.vocab, tokens.length - 1);
+    };
+    if (guess.length) {
+      inputs.push(...guess);
+      await draft(inputs);
+    } else {
+      const n = Math.min(d.draftLen + 1, d.room()); // the last draft's state only: its proposal would go unverified
+      for (let i = 0; i < n; i++) {
+        const logits = await draft([inputs[i]]);
+        if (i < n - 1) inputs.push(argmax(shapeLogits(logits, context.concat(inputs.slice(1)), d.repetitionPenalty)));
+      }
+    }
+    const verified = await spec.verifyRun(inputs, states, halves.rest);
+    stats.calls += 1;
+    let kept = 0; // inputs whose position is committed: the last token and the proposals the full depth chose too
+    while (!d.stopped() && kept < inputs.length) {
+      const token = d.pick(row(verified.logits, verified.vocab, kept));
+      await d.emit(token);
+      kept += 1;
+      if (kept === inputs.length || token !== inputs[kept]) break;
+      if (guess.length) stats.fromContext += 1;
+    }
+    halves = spec.commit({ first, rest: verified.rest }, start + kept);
+    Object.assign(stats, { rounds: stats.rounds + 1, proposed: stats.proposed + inputs.length - 1,
+                           accepted: stats.accepted + kept - 1 });
+  }
+  return stats;
 }

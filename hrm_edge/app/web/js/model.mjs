@@ -93,15 +93,34 @@ export class KvModel {
 
   // The first n positions of a past (to reuse the cache of a common prefix of an edited text).
   slicePast(past, n) {
-    if (n === past.length) return past;
-    const slice = (tensor) => {
-      const src = tensor.data, block = past.length * this.hd, keep = n * this.hd;
-      const dst = new Float32Array(this.T * this.H * keep);
-      for (let b = 0; b < this.T * this.H; b++) dst.set(src.subarray(b * block, b * block + keep), b * keep);
-      return new ort.Tensor("float32", dst, [this.T, 1, this.H, n, this.hd]);
-    };
-    return { k: slice(past.k), v: slice(past.v), length: n };
+    return slicePositions(past, n);
   }
+}
+
+// The first n positions of a one-row past {k, v [T, 1, H, P, hd], length}.
+function slicePositions(past, n) {
+  if (n === past.length) return past;
+  const slice = (tensor) => {
+    const [T, , H, P, hd] = tensor.dims, src = tensor.data, block = P * hd, keep = n * hd;
+    const dst = new Float32Array(T * H * keep);
+    for (let b = 0; b < T * H; b++) dst.set(src.subarray(b * block, b * block + keep), b * keep);
+    return new ort.Tensor("float32", dst, [T, 1, H, n, hd]);
+  };
+  return { k: slice(past.k), v: slice(past.v), length: n };
+}
+
+// States [2, 1, n_i, D] (ort.Tensor) concatenated along the position axis -> [2, 1, sum n_i, D].
+function concatStates(states) {
+  const D = states[0].dims[3], n = states.reduce((sum, s) => sum + s.dims[2], 0);
+  const out = new Float32Array(2 * n * D);
+  for (let level = 0, at = 0; level < 2; level++) {
+    for (const s of states) {
+      const size = s.dims[2] * D;
+      out.set(s.data.subarray(level * size, (level + 1) * size), at);
+      at += size;
+    }
+  }
+  return new ort.Tensor("float32", out, [2, 1, n, D]);
 }
 
 // Rows `rows` (repeats allowed) of the first T slots of a past tensor [T', B, H, P, hd] -> [T, rows.length, H, P, hd].
@@ -109,7 +128,8 @@ function pickRows(tensor, rows, T) {
   const [, B, H, P, hd] = tensor.dims, block = H * P * hd, src = tensor.data;
   const dst = new Float32Array(T * rows.length * block);
   for (let t = 0; t < T; t++) {
-    rows.forEach((r, b) => dst.set(src.subarray((t * B + r) * block, (t * B + r + 1) * block), (t * rows.length + b) * block));
+    rows.forEach((r, b) => dst.set(src.subarray((t * B + r) * block, (t * B + r + 1) * block),
+                                   (t * rows.length + b) * block));
   }
   return new ort.Tensor("float32", dst, [T, rows.length, H, P, hd]);
 }
@@ -204,6 +224,27 @@ export class AdaptiveModel {
                                         state: d.state, past_k: halves.rest.k, past_v: halves.rest.v });
     const rest = { k: out.present_k, v: out.present_v, length: halves.rest.length + 1 };
     return { logits: out.logits.data, halves: { first: d.past, rest }, exited: false };
+  }
+
+  // Self-speculative decoding's calls (hrm_edge/runtime/speculative.py OnnxSpeculativeDecoder) on the halves of
+  // split(): the draft graph on `tokens` after the first half -> {logits, vocab, state [2, 1, n, D], first};
+  async draftRun(tokens, first) {
+    const d = await this.draft.run(tokens, first);
+    return { logits: d.logits, vocab: d.vocab, state: d.state, first: d.past };
+  }
+
+  // the verify graph on the drafted positions `tokens` from their draft states (a list of [2, 1, n_i, D]) after the
+  // second half -> {logits [n * V], vocab, rest};
+  async verifyRun(tokens, states, rest) {
+    const ids = new ort.Tensor("int64", BigInt64Array.from(tokens, BigInt), [1, tokens.length]);
+    const out = await this.verify.run({ tokens: ids, state: concatStates(states), past_k: rest.k, past_v: rest.v });
+    return { logits: out.logits.data, vocab: out.logits.dims[2],
+             rest: { k: out.present_k, v: out.present_v, length: rest.length + tokens.length } };
+  }
+
+  // and both halves cut back to their first n positions (the kept ones).
+  commit(halves, n) {
+    return { first: slicePositions(halves.first, n), rest: slicePositions(halves.rest, n) };
   }
 
   // rest extended by one position: its slot i gets first-cycle slot i mod (L + 1)'s newest position.
