@@ -200,6 +200,9 @@ def test_int8_artifacts_pass_and_are_recorded(tiny_export):
     for a in int8:
         r = next(iter(a["parity"].values()))
         assert r["passed"] is True, r
+        assert a["bytes"] < 0.6 * fp32[a["format"]]["bytes"], "int8 must be a fraction of the fp32 artifact"
+        if a["program"] == "branch":  # one check, against its reference's first cycle (test_speculative_graphs_...)
+            continue
         vs_ref, vs_fp32 = r["checks"]
         assert vs_ref["reference"].startswith(f"{a['precision']} eager reference")
         assert vs_fp32["reference"].startswith("fp32 eager")
@@ -207,7 +210,6 @@ def test_int8_artifacts_pass_and_are_recorded(tiny_export):
         assert vs_ref["max_abs_logit_error"] < vs_fp32["max_abs_logit_error"]
         bound = m["tolerances"][f"{a['precision']}_vs_fp32_eager"]["max_ppl_ratio"]
         assert vs_fp32["perplexity"] <= bound * vs_fp32["reference_perplexity"]
-        assert a["bytes"] < 0.6 * fp32[a["format"]]["bytes"], "int8 must be a fraction of the fp32 artifact"
         if a["quantization"]["mode"] == "static":
             assert a["quantization"]["calibration_sha256"] == m["calibration"]["tokens_sha256"]
 
