@@ -112,15 +112,20 @@ def sdpa(q, k, v, mask):
     return torch.bmm(torch.softmax(scores, dim=-1), v3).view(B, H, S, hd)
 
 
-def sdpa_two_parts(q, keys, values, mask):
-    """sdpa over keys (past [1, B, H, P, hd], new [1, B, H, S, hd]) and values alike, without concatenating them:
-    the scores [1, B, H, S, P + S] are concatenated and split instead (S rows, not P). q [B, H, S, hd] -> [1, B, H,
-    S, hd]. Batched 4-D/5-D matmuls, no reshapes to 3-D: only the ONNX Loop body runs this, where every reshape is
-    one more node per iteration (XNNPACK, which wants 3-D bmm, never sees it)."""
-    P, hd = keys[0].shape[-2], q.shape[-1]
-    scores = torch.cat([torch.matmul(q, k.transpose(-1, -2)) for k in keys], dim=-1) * (1.0 / math.sqrt(hd)) + mask
-    p_past, p_new = torch.split(torch.softmax(scores, dim=-1), [P, q.shape[2]], dim=-1)  # [1, B, H, S, P], [.., S]
-    return torch.matmul(p_past, values[0]) + torch.matmul(p_new, values[1])
+def sdpa_parts(q, keys, values, mask):
+    """sdpa over keys in parts, the last one this call's new keys (e.g. past [1, B, H, P, hd] and new [1, B, H, S,
+    hd]; a part may broadcast over the batch), and values alike, without concatenating them: the scores [1, B, H, S,
+    sum of lengths] are concatenated and split instead (S rows, not P). q [B, H, S, hd] -> [1, B, H, S, hd]. Batched
+    4-D/5-D matmuls, no reshapes to 3-D: only the ONNX Loop body runs this, where every reshape is one more node per
+    iteration (XNNPACK, which wants 3-D bmm, never sees it)."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.cat([torch.matmul(q, k.transpose(-1, -2)) for k in keys], dim=-1) * scale + mask
+    sizes = [k.shape[-2] for k in keys[:-1]] + [q.shape[2]]  # the last part: this call's S new keys
+    probs = torch.split(torch.softmax(scores, dim=-1), sizes, dim=-1)  # [1, B, H, S, L_i] each
+    out = torch.matmul(probs[0], values[0])
+    for p, v in zip(probs[1:], values[1:]):
+        out = out + torch.matmul(p, v)
+    return out
 
 
 # ---- caches: one interface, update(t, positions, k, v) -> (keys, values) of block application t ----
@@ -231,7 +236,7 @@ class StackedKVCache(NoCache):
         Returns [1, B, S, H, hd] (Attention.forward reshapes it to [B, S, D])."""
         t1, k, v = self.record(t, k, v)
         past_k, past_v = self.past(t1)
-        return sdpa_two_parts(q.transpose(1, 2), (past_k, k), (past_v, v), mask).transpose(2, 3)
+        return sdpa_parts(q.transpose(1, 2), (past_k, k), (past_v, v), mask).transpose(2, 3)
 
     def carried(self) -> tuple:
         return self.new_k, self.new_v
@@ -261,17 +266,13 @@ class SharedContextCache(StackedKVCache):
         return attention_mask(positions, self.context_k.shape[3] + self.past_k.shape[3] + positions.shape[0])
 
     def attend(self, t, positions, q, k, v, mask):
-        """sdpa over three parts (context [1, 1, H, P, hd], broadcast over the rows; the row's own past; the new
-        keys), unconcatenated as in sdpa_two_parts. Returns [1, B, S, H, hd]."""
+        """sdpa_parts over the context ([1, 1, H, P, hd], broadcast over the rows), the row's own past and the new
+        keys. Returns [1, B, S, H, hd]."""
         t1, k, v = self.record(t, k, v)
         own_k, own_v = self.past(t1)
         keys = (self.context_k.index_select(0, t1), own_k, k)
         values = (self.context_v.index_select(0, t1), own_v, v)
-        q = q.transpose(1, 2)  # [B, H, S, hd]
-        scale = 1.0 / math.sqrt(q.shape[-1])
-        scores = torch.cat([torch.matmul(q, x.transpose(-1, -2)) for x in keys], dim=-1) * scale + mask
-        parts = torch.split(torch.softmax(scores, dim=-1), [x.shape[3] for x in keys], dim=-1)
-        return sum(torch.matmul(p, x) for p, x in zip(parts, values)).transpose(2, 3)
+        return sdpa_parts(q.transpose(1, 2), keys, values, mask).transpose(2, 3)
 
     def with_carried(self, carried) -> "SharedContextCache":
         return SharedContextCache(self.context_k, self.context_v, self.past_k, self.past_v, *carried)

@@ -68,21 +68,11 @@ export class KvModel {
   // Returns {logits: Float32Array [batch * S * V], vocab, past}.
   run(tokens, past, batch = 1) {
     const seq = tokens.length / batch;
-    if (past.length + seq > this.maxSeqLen) {
-      return Promise.reject(new Error(`context full: ${past.length} + ${seq} > ${this.maxSeqLen}`));
-    }
-    const job = this.queue.then(async () => {
-      const feeds = {
-        tokens: new ort.Tensor("int64", BigInt64Array.from(tokens, BigInt), [batch, seq]),
-        past_k: past.k, past_v: past.v,
-      };
-      const out = await this.session.run(feeds);
-      const vocab = out.logits.dims[2];
-      return { logits: out.logits.data, vocab, state: out.state ?? null, // state: the draft graph's, [2, B, S, D]
+    return queuedRun(this, past.length, seq, async () => {
+      const out = await this.session.run({ tokens: tokenTensor(tokens, batch), past_k: past.k, past_v: past.v });
+      return { logits: out.logits.data, vocab: out.logits.dims[2], state: out.state ?? null, // the draft graph's
                past: { k: out.present_k, v: out.present_v, length: past.length + seq } };
     });
-    this.queue = job.catch(() => {});
-    return job;
   }
 
   // A past made of the given batch rows of `past` (repeats allowed: [0, 0, 0] tiles a one-row past 3 times), and
@@ -95,6 +85,22 @@ export class KvModel {
   slicePast(past, n) {
     return slicePositions(past, n);
   }
+}
+
+// job() after the model's earlier runs (a session cannot run twice at once); refused when a past of `pastLength`
+// positions and `seq` new ones would not fit the model's context.
+function queuedRun(model, pastLength, seq, job) {
+  if (pastLength + seq > model.maxSeqLen) {
+    return Promise.reject(new Error(`context full: ${pastLength} + ${seq} > ${model.maxSeqLen}`));
+  }
+  const run = model.queue.then(job);
+  model.queue = run.catch(() => {});
+  return run;
+}
+
+// tokens: int[] [batch * S] (row-major) -> int64 [batch, S].
+function tokenTensor(tokens, batch) {
+  return new ort.Tensor("int64", BigInt64Array.from(tokens, BigInt), [batch, tokens.length / batch]);
 }
 
 // The first n positions of a one-row past {k, v [T, 1, H, P, hd], length}.
@@ -171,19 +177,12 @@ export class BranchModel {
   // tokens: int[] [batch * S]; past: pastRows'. Returns {logits: Float32Array [batch * S * V], vocab, past}.
   run(tokens, past, batch = 1) {
     const seq = tokens.length / batch;
-    if (past.length + seq > this.maxSeqLen) {
-      return Promise.reject(new Error(`context full: ${past.length} + ${seq} > ${this.maxSeqLen}`));
-    }
-    const job = this.queue.then(async () => {
-      const out = await this.session.run({
-        tokens: new ort.Tensor("int64", BigInt64Array.from(tokens, BigInt), [batch, seq]),
-        context_k: past.context.k, context_v: past.context.v, past_k: past.k, past_v: past.v,
-      });
+    return queuedRun(this, past.length, seq, async () => {
+      const out = await this.session.run({ tokens: tokenTensor(tokens, batch), context_k: past.context.k,
+                                           context_v: past.context.v, past_k: past.k, past_v: past.v });
       return { logits: out.logits.data, vocab: out.logits.dims[2],
                past: { context: past.context, k: out.present_k, v: out.present_v, length: past.length + seq } };
     });
-    this.queue = job.catch(() => {});
-    return job;
   }
 }
 
@@ -220,8 +219,8 @@ export class AdaptiveModel {
     if (topProbability(d.logits) >= threshold) {
       return { logits: d.logits, halves: { first: d.past, rest: this.skipped(halves.rest, d.past) }, exited: true };
     }
-    const out = await this.verify.run({ tokens: new ort.Tensor("int64", BigInt64Array.from([BigInt(token)]), [1, 1]),
-                                        state: d.state, past_k: halves.rest.k, past_v: halves.rest.v });
+    const out = await this.verify.run({ tokens: tokenTensor([token], 1), state: d.state, past_k: halves.rest.k,
+                                        past_v: halves.rest.v });
     const rest = { k: out.present_k, v: out.present_v, length: halves.rest.length + 1 };
     return { logits: out.logits.data, halves: { first: d.past, rest }, exited: false };
   }
@@ -236,8 +235,8 @@ export class AdaptiveModel {
   // the verify graph on the drafted positions `tokens` from their draft states (a list of [2, 1, n_i, D]) after the
   // second half -> {logits [n * V], vocab, rest};
   async verifyRun(tokens, states, rest) {
-    const ids = new ort.Tensor("int64", BigInt64Array.from(tokens, BigInt), [1, tokens.length]);
-    const out = await this.verify.run({ tokens: ids, state: concatStates(states), past_k: rest.k, past_v: rest.v });
+    const out = await this.verify.run({ tokens: tokenTensor(tokens, 1), state: concatStates(states), past_k: rest.k,
+                                        past_v: rest.v });
     return { logits: out.logits.data, vocab: out.logits.dims[2],
              rest: { k: out.present_k, v: out.present_v, length: rest.length + tokens.length } };
   }
