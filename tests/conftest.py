@@ -1,6 +1,8 @@
 import argparse
+import fcntl
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -52,16 +54,47 @@ def pytest_collection_modifyitems(items):
         raise pytest.UsageError(f"mark these tests slow (they use an exporting fixture): {unmarked}")
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder `name` made by build(folder) once per test run. Under pytest-xdist (the suite runs on 2 workers,
+    setup.cfg) every worker asks for it: the first builds it while the others wait on a lock, then all read it. A
+    build that failed is not tried again: the others fail with its message."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    out, done, failed = root / name, root / f"{name}.built", root / f"{name}.failed"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if failed.is_file():
+            raise AssertionError(f"building {name} failed in another worker:\n{failed.read_text()}")
+        if not done.is_file():
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir()
+            try:
+                build(out)
+            except BaseException as e:
+                failed.write_text(str(e)[-6000:] or type(e).__name__)
+                raise
+            done.write_text("")
+    return out
+
+
+def export_into(*args, timeout: int):
+    """A build for built_once: `python -m hrm_edge.export --out FOLDER *args`, which must exit 0."""
+    def build(out: Path):
+        proc = run_module("hrm_edge.export", "--out", out, *args, "--no-progress", timeout=timeout)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return build
+
+
 @pytest.fixture(scope="session")
 def tiny_export(tmp_path_factory):
     """The one end-to-end tiny export of the suite (trains ~30 s, exports ~2 min), with the depth dial's 1-cycle
     artifacts, every int8 variant and the opt-in 4-bit program: the slow tests of test_export, test_generate,
-    test_reliability, test_android_core and test_arm64 read it, and copy it before changing anything."""
-    out = tmp_path_factory.mktemp("tiny_export")
-    proc = run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--cycles", "1", "--int8", "static,static-shared,dynamic,8da4w",
-                      "--no-progress", timeout=3600)  # a guard: about 10 minutes alone on 2 cores
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    test_reliability, test_android_core and test_arm64 read it (on either worker), and copy it before changing
+    anything."""
+    return built_once(tmp_path_factory, "tiny_export", export_into(
+        "--preset", "tiny", "--cycles", "1", "--int8", "static,static-shared,dynamic,8da4w",
+        timeout=3600))  # a guard: 4-10 minutes alone on 2 cores
 
 
 @pytest.fixture
@@ -103,13 +136,17 @@ def perturbed_copy(export_dir: Path, dest: Path, name: str = "hrm.fp32.onnx") ->
     return dest
 
 
-@pytest.fixture(scope="session")  # one instance for test_demo.py and test_keyboard.py (defined here, not imported)
+@pytest.fixture(scope="session")  # one instance for every module that reads it (defined here, not imported)
 def default_export(tmp_path_factory):
-    """The shipped default model exported to ONNX only (fp32 + int8 KV graphs and their .ort; a few minutes)."""
-    out = tmp_path_factory.mktemp("demo_export")
-    proc = run_module("hrm_edge.export", "--formats", "onnx", "--out", out, "--no-progress", timeout=1800)
-    manifest = json.loads((out / "manifest.json").read_text())
-    fp32_kv = next(a for a in manifest["artifacts"] if a["path"] == "hrm.fp32.kv.onnx")
-    # the page needs the fp32 KV graph to pass; an int8 failure is checked below against Python's verdict
-    assert all(r["passed"] for r in fp32_kv["parity"].values()), proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    """The shipped default model exported once for the page, keyboard, healing, speculative and adaptive tests: every
+    ONNX graph of the fp32 and static int8 programs (the page's default) with their .ort files, and the fp32
+    ExecuTorch programs (`complete --runtime executorch`, the speculative program's four methods). The MatMulNBits
+    graphs and the dynamic int8 programs are left out: no test reads them here (the tiny export has them)."""
+    def build(out: Path):
+        proc = run_module("hrm_edge.export", "--int8", "static", "--out", out, "--no-progress", timeout=1800)
+        manifest = json.loads((out / "manifest.json").read_text())
+        fp32_kv = next(a for a in manifest["artifacts"] if a["path"] == "hrm.fp32.kv.onnx")
+        # the page needs the fp32 KV graph to pass; an int8 failure is checked below against Python's verdict
+        assert all(r["passed"] for r in fp32_kv["parity"].values()), proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "default_export", build)

@@ -356,16 +356,14 @@ def test_executorch_cache_copy_first_cycle_equals_kv_cache():
 
 
 @pytest.mark.slow
-def test_pte_adaptive_equals_eager(tmp_path):
-    """The speculative ExecuTorch program's skip method: adaptive decoding over draft / verify / skip takes the eager
-    decoder's decisions and computes its logits."""
-    from hrm_edge.export.executorch import export_pte_speculative
-
-    model = onnx_model(4, 2, 2)
+def test_pte_adaptive_equals_eager(default_export):
+    """The speculative ExecuTorch program's skip method, in the shipped model's program as the export made it:
+    adaptive decoding over draft / verify / skip takes the eager decoder's decisions and computes its logits."""
+    model = load_model(default_export)
     threshold = spaced_threshold(model)
     eager_logits, eager_depths = sequential(model, HaltingRule(threshold), prefill=2)
-    pte = AdaptiveDecoder(PteSpeculativeDecoder(export_pte_speculative(model, tmp_path / "hrm.fp32.spec.pte", 0, 1)),
-                          2, TopProbRule(threshold))
+    pte = AdaptiveDecoder(PteSpeculativeDecoder(default_export / "hrm.fp32.spec.pte"), model.cfg.H_cycles,
+                          TopProbRule(threshold))
     logits, _ = adaptive_decode_logits(pte, np.array([TOKENS]), 2)
-    assert [2] * 2 + pte.depths == eager_depths and 4 <= eager_depths.count(1)
+    assert [model.cfg.H_cycles] * 2 + pte.depths == eager_depths and 4 <= eager_depths.count(1)
     np.testing.assert_allclose(logits[0], eager_logits, atol=1e-4, rtol=0)

@@ -175,7 +175,7 @@ def test_killed_export_leaves_nothing_listed(tiny_export, tmp_path):
     verify_files(out, read_manifest(out))
     onnx.checker.check_model(onnx.load(str(out / "hrm.fp32.onnx")), full_check=True)  # complete, not truncated
     proc = run_module("hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out,
-                      "--no-progress", "--formats", "onnx")
+                      "--no-progress", "--formats", "onnx", "--int8", "none")  # enough to clean up after the killed run
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert not list(out.glob(".*.tmp")) and not (out / ".export-staging").exists()  # the killed run's leftovers
     assert load_manifest(out)["passed"] is True
@@ -327,6 +327,34 @@ def test_speculative_graphs_pass_as_a_set(tiny_export):
     assert [i.name for i in verify.graph.input] == ["tokens", "state", "past_k", "past_v"]
     for g in (draft, verify):
         assert [n.op_type for n in g.graph.node].count("Loop") == 1
+
+
+def test_nbits_graphs_pass_as_a_set(tiny_export, tmp_path):
+    """--int8 nbits (the default and shipped presets make these; the shared tiny export does not): the 8- and 4-bit
+    MatMulNBits forms of the full-sequence and KV graphs, their .ort files and their draft, branch and verify graphs
+    each pass against their own eager reference, every block linear inside the Loop is a MatMulNBits of its bits,
+    and the KV graphs shrink with the bits."""
+    out = tmp_path / "nbits"
+    proc = run_module("hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out, "--formats", "onnx",
+                      "--int8", "nbits", "--no-progress")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    m = load_manifest(out)
+    nbits = {a["path"]: a for a in m["artifacts"] if (a.get("quantization") or {}).get("mode") == "nbits"}
+    assert sorted(nbits) == sorted([f"hrm.{p}.{g}" for p in ("int8-nbits", "int4-nbits")
+                                    for g in ("onnx", "ort", "kv.onnx", "kv.ort", "draft.onnx", "branch.onnx",
+                                              "verify.onnx")])
+    for path, a in nbits.items():
+        r = next(iter(a["parity"].values()))
+        assert r["passed"] is True and a["precision"] == path.split("-")[0].split(".")[1], (path, r)
+        assert r["checks"][0]["reference"].startswith(f"{a['precision']} eager reference"), (path, r["checks"][0])
+    size = {p: (out / f"hrm.{p}.kv.onnx").stat().st_size for p in ("fp32", "int8-nbits", "int4-nbits")}
+    assert size["int4-nbits"] < size["int8-nbits"] < 0.5 * size["fp32"], size
+    for bits in (8, 4):
+        graph = onnx.load(str(out / f"hrm.int{bits}-nbits.kv.onnx"))
+        [loop] = [n for n in graph.graph.node if n.op_type == "Loop"]
+        body = [n for n in loop.attribute[0].g.node if n.op_type == "MatMulNBits"]
+        # q/k/v (fused), the output projection, up (fused with its gate) and down; the low-rank memory gates stay fp32
+        assert len(body) == 4 and all(next(x.i for x in n.attribute if x.name == "bits") == bits for n in body)
 
 
 BLOCK_TORCH = """

@@ -261,23 +261,13 @@ def body_after_def_load(export_dir, runtime: str, *extra) -> str:
     return proc.stdout[len(MUST_SHOW):].rsplit("\n", 2)[0]  # less the stats line
 
 
-@pytest.fixture(scope="module")
-def shipped_export(tmp_path_factory):
-    """The shipped model exported fp32 only, ONNX and ExecuTorch (the default export's fp32 programs)."""
-    out = tmp_path_factory.mktemp("shipped_fp32")
-    proc = run_module("hrm_edge.export", "--out", out, "--int8", "none", "--parity-samples", "2", "--no-progress",
-                      timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
-
-
 @pytest.mark.slow
-def test_complete_continues_a_def_line_with_its_body(shipped_export):
+def test_complete_continues_a_def_line_with_its_body(default_export):
     """Issue 23's must-show: after "def load(path):\\n" greedy completion is the function's indented body in every
     runtime (unhealed, the shipped model starts a new top-level statement), the same text in each."""
-    texts = {rt: body_after_def_load(shipped_export, rt) for rt in ("eager", "onnx", "executorch")}
+    texts = {rt: body_after_def_load(default_export, rt) for rt in ("eager", "onnx", "executorch")}
     assert texts["eager"][:1] in (" ", "\t") and texts["eager"].strip(), texts
     assert texts["onnx"] == texts["eager"] and texts["executorch"] == texts["eager"], texts
-    assert body_after_def_load(shipped_export, "onnx", "--speculative") == texts["onnx"]
-    unhealed = body_after_def_load(shipped_export, "onnx", "--no-heal", "--repetition-penalty", "1")
+    assert body_after_def_load(default_export, "onnx", "--speculative") == texts["onnx"]
+    unhealed = body_after_def_load(default_export, "onnx", "--no-heal", "--repetition-penalty", "1")
     assert unhealed[:1] not in (" ", "\t"), unhealed

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, built_once
 from test_cli_errors import assert_user_error
 
 from hrm_edge.measure.harness import DecodeTiming, decode_in_child
@@ -21,8 +21,8 @@ BENCH_DECODE_KEYS = {"artifact", "threads", "prompt_len", "new_tokens", "weight_
 @pytest.fixture(scope="module")
 def tiny_peers(tmp_path_factory):
     """The four peers at a tiny shape (~5 min on the 2-core box: export_llm lowers for ~1.5 min per program)."""
-    folder = tmp_path_factory.mktemp("peers")
-    return folder, build_peers(TINY, folder, log=lambda *_: None)
+    folder = built_once(tmp_path_factory, "peers", lambda out: build_peers(TINY, out, log=lambda *_: None))
+    return folder, build_peers(TINY, folder, log=lambda *_: None)  # what the build made, read back (nothing rebuilt)
 
 
 @pytest.fixture(scope="module")

@@ -219,15 +219,13 @@ def test_complete_runs_the_speculative_program_that_passed():
 
 
 @pytest.mark.slow
-def test_pte_speculative_program_is_exact(tmp_path):
-    """The shipped model's speculative ExecuTorch program (forward, draft, verify over shared cache buffers):
-    draft's logits are the eager first cycle's readout, verify's the full program's, and greedy speculative
-    decoding equals plain greedy decoding of the full KV program (export_pte_decode's graph is the program's
-    forward) token for token."""
-    from hrm_edge.export.executorch import export_pte_speculative
-
+def test_pte_speculative_program_is_exact(default_export):
+    """The shipped model's speculative ExecuTorch program (forward, draft, verify over shared cache buffers), as the
+    export made it: draft's logits are the eager first cycle's readout, verify's the full program's, and greedy
+    speculative decoding equals plain greedy decoding of the full KV program (export_pte_decode's graph is the
+    program's forward) token for token."""
     model, tokenizer = shipped()
-    path = export_pte_speculative(model, tmp_path / "hrm.fp32.spec.pte", 0, 1)
+    path = default_export / "hrm.fp32.spec.pte"
     full, spec = PteDecoder(path, threads=1), PteSpeculativeDecoder(path, threads=1)
     prompt = code_prompt(0)
     reference = full.prefill(np.array(prompt))  # [S, V]
