@@ -78,23 +78,18 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     return out
 
 
-def export_into(*args, timeout: int):
-    """A build for built_once: `python -m hrm_edge.export --out FOLDER *args`, which must exit 0."""
-    def build(out: Path):
-        proc = run_module("hrm_edge.export", "--out", out, *args, "--no-progress", timeout=timeout)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return build
-
-
 @pytest.fixture(scope="session")
 def tiny_export(tmp_path_factory):
-    """The one end-to-end tiny export of the suite (trains ~30 s, exports ~2 min), with the depth dial's 1-cycle
+    """The one end-to-end tiny export of the suite (4-10 minutes alone on 2 cores), with the depth dial's 1-cycle
     artifacts, every int8 variant and the opt-in 4-bit program: the slow tests of test_export, test_generate,
     test_reliability, test_android_core and test_arm64 read it (on either worker), and copy it before changing
     anything."""
-    return built_once(tmp_path_factory, "tiny_export", export_into(
-        "--preset", "tiny", "--cycles", "1", "--int8", "static,static-shared,dynamic,8da4w",
-        timeout=3600))  # a guard: 4-10 minutes alone on 2 cores
+    def build(out: Path):
+        proc = run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--cycles", "1", "--int8",
+                          "static,static-shared,dynamic,8da4w", "--no-progress", timeout=3600)  # a guard
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "tiny_export", build)
 
 
 @pytest.fixture
