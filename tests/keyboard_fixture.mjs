@@ -70,8 +70,10 @@ for (const texts of job.sequences) { // one typing session (one cache) per seque
   const steps = [];
   for (const text of texts) {
     model.calls = [];
+    if (draft) draft.calls = [];
     const { words } = await suggestWords(context, tokenizer, text, 3);
-    steps.push({ words: words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls: model.calls });
+    steps.push({ words: words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls: model.calls,
+                 draftCalls: draft ? draft.calls : [] });
   }
   out.push(steps);
 }

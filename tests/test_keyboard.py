@@ -87,14 +87,18 @@ def typed(start: str, keys: str) -> list[str]:
     return [start + keys[:i] for i in range(len(keys) + 1)]
 
 
-def python_words(tokenizer, allowed) -> list:
-    """The words at every keystroke of SESSIONS, the chains extended by the draft fixture (as the page does)."""
+def python_words(tokenizer, allowed, draft_calls: list | None = None) -> list:
+    """The words at every keystroke of SESSIONS, the chains extended by the draft fixture (as the page does);
+    draft_calls, if given, receives each of the draft's calls (batch, seq)."""
     out = []
     for start, keys in SESSIONS:
         vocab = tokenizer.get_vocab_size()
-        context = TypedContext(HashStepModel(allowed, vocab), HashStepModel(allowed, vocab, seed=DRAFT_SEED))
+        draft = HashStepModel(allowed, vocab, seed=DRAFT_SEED)
+        context = TypedContext(HashStepModel(allowed, vocab), draft)
         out.append([[[w.label, w.insert, w.probability, w.ending] for w in suggest_words(context, tokenizer, text).words]
                     for text in typed(start, keys)])
+        if draft_calls is not None:
+            draft_calls += draft.calls
     return out
 
 
@@ -252,6 +256,31 @@ def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monke
     assert all(b == 1 for b, _ in model.calls) and found  # no extension steps ran; the budget mattered
 
 
+def test_chains_cut_short_never_change_the_words(tokenizer, allowed, monkeypatch):
+    """Step 6's early stop (once no end of the open chains can change the words shown) saves decode steps and
+    changes nothing: the same words, order and probabilities, bit for bit, as extending every chain to its end."""
+    import hrm_edge.runtime.suggest as suggest
+
+    cut, full = [], []
+    words = python_words(tokenizer, allowed, cut)
+    monkeypatch.setattr(suggest, "words_settled", lambda *_: False)
+    assert python_words(tokenizer, allowed, full) == words
+    assert sum(b for b, _ in cut) < sum(b for b, _ in full) and len(cut) < len(full), (cut, full)
+
+
+def test_words_settled():
+    from hrm_edge.runtime.suggest import Word, words_settled
+
+    words = [Word("os", "s", 0.5), Word("open", "pen", 0.3), Word("or", "r", 0.1), Word("ord", "rd", 0.05)]
+    assert words_settled(words, [("ab", 0.04)], 3)  # 0.1 > 0.05 + 0.04
+    assert not words_settled(words, [("ab", 0.04), ("xy", 0.02)], 3)  # together they could pass "or"
+    assert not words_settled(words, [("p", 0.001)], 3)  # it may still end as "pen": "open" would grow
+    assert not words_settled(words, [("", 0.001)], 3)  # still spelling the typed text: it may end as any word
+    assert words_settled(words, [("rd", 0.01)], 3)  # it may only join "ord", which stays below "or"
+    assert not words_settled(words[:2], [("ab", 1e-6)], 3)  # a free place on the bar
+    assert words_settled(words[:3], [("ab", 0.099)], 3) and not words_settled(words[:3], [("ab", 0.1)], 3)
+
+
 # ---- the same words from JS (node) and Java ----
 def node_words(tokenizer, allowed, tmp_path) -> list:
     from hrm_edge.app.demo import WEB_DIR, web_packages
@@ -269,7 +298,7 @@ def node_words(tokenizer, allowed, tmp_path) -> list:
     proc = subprocess.run([node, str(tmp_path / "keyboard_fixture.mjs"), str(job)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return [[step["words"] for step in steps] for steps in json.loads(proc.stdout)]
+    return json.loads(proc.stdout)
 
 
 def assert_same_words(got: list, want: list, who: str):
@@ -281,18 +310,32 @@ def assert_same_words(got: list, want: list, who: str):
 
 
 def test_javascript_gives_the_same_words(tokenizer, allowed, tmp_path):
-    assert_same_words(node_words(tokenizer, allowed, tmp_path), python_words(tokenizer, allowed), "suggest.mjs")
+    draft_calls = []
+    want = python_words(tokenizer, allowed, draft_calls)
+    sessions = node_words(tokenizer, allowed, tmp_path)
+    assert_same_words([[step["words"] for step in steps] for steps in sessions], want, "suggest.mjs")
+    # the same batches: the same chains cut short at the same step (the words would be the same either way)
+    assert [tuple(c) for steps in sessions for step in steps for c in step["draftCalls"]] == draft_calls
 
 
 
-def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path):
+def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path, monkeypatch):
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"vocab": tokenizer.get_vocab_size(), "allowed": allowed,
                                "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED,
                                "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
     proc = java(classes, "org.hrmedge.core.CoreCli", "suggest", TOKENIZER, job)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert_same_words(json.loads(proc.stdout), python_words(tokenizer, allowed), "WordSuggester.java")
+    out = json.loads(proc.stdout)
+    assert_same_words(out["sequences"], python_words(tokenizer, allowed), "WordSuggester.java")
+    # Java runs the chains one after another, a call per row and step: fewer calls than the rows of the batches
+    # that extend every chain to its end means chains were cut short there too
+    import hrm_edge.runtime.suggest as suggest
+
+    monkeypatch.setattr(suggest, "words_settled", lambda *_: False)
+    full = []
+    python_words(tokenizer, allowed, full)
+    assert 0 < out["draft_calls"] < sum(b for b, _ in full), (out["draft_calls"], full)
 
 
 # ---- the eager step model (a checkpoint behind the KV graph's contract) ----

@@ -50,6 +50,7 @@ class Chain:
     """A first token and its greedy continuation: tokens [k], the probability of each under its step's softmax."""
     tokens: list[int]
     probs: list[float]
+    cut_short: bool = False  # left open once the shown words no longer depended on it: computed again if asked for
 
 
 class TypedContext:
@@ -232,11 +233,12 @@ def batch_runner(model, context_k: np.ndarray, context_v: np.ndarray, rows: int)
     return model.run, np.repeat(context_k, rows, axis=1), np.repeat(context_v, rows, axis=1)
 
 
-def extend(context: TypedContext, chains: list[Chain], still_open, next_token) -> None:
+def extend(context: TypedContext, chains: list[Chain], still_open, next_token, settled) -> None:
     """Grow every chain whose word is still open by greedy tokens (next_token(chain, logits [V]) -> id), all of
-    them as one batch per decode step, until each has ended or is out of budget (still_open false)."""
+    them as one batch per decode step, until each has ended or is out of budget (still_open false), or until
+    settled(open chains) says no end of them can change the words shown (those are then cut short)."""
     rows = [i for i in range(len(chains)) if still_open(chains[i])]  # the chain of each batch row
-    if not rows:
+    if not rows or cut_short([chains[i] for i in rows], settled):
         return
     model = context.draft or context.model
     run, past_k, past_v = batch_runner(model, context.past_k[: model.slots], context.past_v[: model.slots], len(rows))
@@ -249,11 +251,64 @@ def extend(context: TypedContext, chains: list[Chain], still_open, next_token) -
             chains[i].tokens.append(t)
             chains[i].probs.append(float(1.0 / np.exp(row - row[t]).sum()))
         keep = [b for b, i in enumerate(rows) if still_open(chains[i])]
-        if not keep:
+        if not keep or cut_short([chains[rows[b]] for b in keep], settled):
             return
         if len(keep) < len(rows):
             past_k, past_v = np.ascontiguousarray(past_k[:, keep]), np.ascontiguousarray(past_v[:, keep])
             rows = [rows[b] for b in keep]
+
+
+def cut_short(open_chains: list[Chain], settled) -> bool:
+    """Marks the open chains cut short and returns True if settled(open_chains) (no end of them changes the words
+    shown)."""
+    if not settled(open_chains):
+        return False
+    for chain in open_chains:
+        chain.cut_short = True
+    return True
+
+
+def reach(chain: Chain, tokenizer, prefix: str) -> tuple[str, float]:
+    """(c, bound) of an open chain: any word it may still end in inserts c and maybe more ("" while it still spells
+    the taken-back text), with a probability of at most bound, the product over its tokens that spell part of c
+    (they count in the word's product, step 8; a later token's probability is at most 1)."""
+    text = tokenizer.decode(chain.tokens)
+    c = text[len(prefix):].rstrip("\ufffd") if len(text) >= len(prefix) else ""
+    end = len(prefix) + len(c)
+    bound = chain.probs[0]
+    for i in range(1, len(chain.tokens)):
+        if len(tokenizer.decode(chain.tokens[:i])) >= end:
+            break
+        bound *= chain.probs[i]
+    return c, bound
+
+
+def words_settled(words: list[Word], reaches: list[tuple[str, float]], n: int) -> bool:
+    """Whether the first n of `words` (the decided chains' words, merged, in candidate order) stay the words shown,
+    in the same order with the same probabilities, however the open chains (reaches: their (c, bound)) end: n words
+    are there, no open chain can end in one of them (its probability would grow), and the n-th one is more likely
+    than the next one and every open chain together could be (a word that grows into a new one or joins a lower one)."""
+    ranked = sorted(words, key=lambda w: -w.probability)
+    if len(ranked) < n or any(w.insert.startswith(c) for w in ranked[:n] for c, _ in reaches):
+        return False
+    spare = sum(bound for _, bound in reaches) + (ranked[n].probability if len(ranked) > n else 0.0)
+    return ranked[n - 1].probability > spare * (1 + 1e-9)  # margin: float sums in another order
+
+
+def merge(chains: list[Chain], decide_tokens, partial: str) -> list[Word]:
+    """The words of the decided chains, in candidate order; chains with the same insert are one word, their
+    probabilities added up (step 9)."""
+    merged: dict[str, Word] = {}
+    for chain in chains:
+        found = first_decision(chain, decide_tokens)
+        if not found:
+            continue  # open, dead, or no word ended within MAX_EXTRA_TOKENS
+        insert, word, ending, probability = found
+        if insert in merged:
+            merged[insert].probability += probability
+        else:
+            merged[insert] = Word(partial + word if partial else word, insert, probability, ending)
+    return list(merged.values())
 
 
 def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Suggestions:
@@ -282,7 +337,8 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
     for t in first_tokens(logits, texts, prefix, CANDIDATES, context.tokens_starting(prefix)):
         key = (t, prefix[len(texts[t]):])  # a chain depends on its first token and the text it must spell
         chain = context.chains.get(key)
-        if chain is None or (first_decision(chain, decide_tokens) is None and len(chain.tokens) <= MAX_EXTRA_TOKENS):
+        if chain is None or chain.cut_short or (first_decision(chain, decide_tokens) is None
+                                                and len(chain.tokens) <= MAX_EXTRA_TOKENS):
             chain = context.chains[key] = Chain([t], [float(p[t])])  # not computed yet, or too short to decide
             fresh.append(chain)
         chains.append(chain)
@@ -292,18 +348,12 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
                         if k == len(chain.tokens) or len(tokenizer.decode(chain.tokens[:k])) >= len(prefix))
         return len(chain.tokens) - spelling < MAX_EXTRA_TOKENS and decide_tokens(chain.tokens, chain.probs) is None
 
-    extend(context, fresh, still_open, next_token)
-    merged: dict[str, Word] = {}
-    for chain in chains:
-        found = first_decision(chain, decide_tokens)
-        if not found:
-            continue  # dead, or no word ended within MAX_EXTRA_TOKENS
-        insert, word, ending, probability = found
-        if insert in merged:
-            merged[insert].probability += probability
-        else:
-            merged[insert] = Word(partial + word if partial else word, insert, probability, ending)
-    words = sorted(merged.values(), key=lambda w: -w.probability)[:n]  # stable: ties keep candidate order
+    def settled(open_chains):  # the words shown can no longer change: stop extending (docs/keyboard.md step 6)
+        reaches = [reach(chain, tokenizer, prefix) for chain in open_chains]
+        return words_settled(merge(chains, decide_tokens, partial), reaches, n)
+
+    extend(context, fresh, still_open, next_token, settled)
+    words = sorted(merge(chains, decide_tokens, partial), key=lambda w: -w.probability)[:n]  # stable: ties keep order
     return Suggestions(words, (time.perf_counter() - start) * 1000)
 
 

@@ -51,6 +51,8 @@ public final class WordSuggester {
     private static final class Chain {
         final List<Integer> tokens = new ArrayList<>();
         final List<Double> probs = new ArrayList<>();
+        /** Left open once the shown words no longer depended on it: computed again if asked for. */
+        boolean cutShort;
     }
 
     /** What a chain says: open (null), dead (DEAD) or a word. */
@@ -104,31 +106,89 @@ public final class WordSuggester {
         float[] logits = advance(Arrays.copyOf(ids, cut));
         String[] texts = tokenTexts(logits.length);
         String prefix = tokenizer.decode(Arrays.copyOfRange(ids, cut, ids.length));
-        List<Chain> list = new ArrayList<>();
+        List<Chain> list = new ArrayList<>(), fresh = new ArrayList<>();
         for (int t : firstTokens(logits, texts, prefix, CANDIDATES)) {
             // a chain depends on its first token and the text it must spell
             String key = t + " " + prefix.substring(Math.min(texts[t].length(), prefix.length()));
             Chain chain = chains.get(key);
-            if (chain == null || (firstDecision(chain, prefix, midWord) == null && chain.tokens.size() <= MAX_EXTRA_TOKENS)) {
+            if (chain == null || chain.cutShort
+                    || (firstDecision(chain, prefix, midWord) == null && chain.tokens.size() <= MAX_EXTRA_TOKENS)) {
                 chain = new Chain(); // not computed yet, or too short to decide
                 chain.tokens.add(t);
                 chain.probs.add(probability(logits, t));
-                extend(chain, cached.length, prefix, midWord);
                 chains.put(key, chain);
+                fresh.add(chain);
             }
             list.add(chain);
         }
+        extendAll(fresh, list, prefix, partial, n);
+        List<Suggestion> out = merge(list, prefix, partial);
+        out.sort((a, b) -> Double.compare(b.probability, a.probability)); // stable: ties keep candidate order
+        return new ArrayList<>(out.subList(0, Math.min(n, out.size())));
+    }
+
+    /** The words of the decided chains, in candidate order; chains with the same insert are one word, their
+     *  probabilities added up. */
+    private List<Suggestion> merge(List<Chain> list, String prefix, String partial) {
         Map<String, Suggestion> merged = new LinkedHashMap<>();
         for (Chain chain : list) {
-            Decision d = firstDecision(chain, prefix, midWord);
-            if (d == null || d == DEAD) continue; // dead, or no word ended within MAX_EXTRA_TOKENS
+            Decision d = firstDecision(chain, prefix, !partial.isEmpty());
+            if (d == null || d == DEAD) continue; // open, dead, or no word ended within MAX_EXTRA_TOKENS
             Suggestion known = merged.get(d.insert);
             if (known != null) known.probability += d.probability;
             else merged.put(d.insert, new Suggestion(partial + d.word, d.insert, d.probability, d.ending));
         }
-        List<Suggestion> out = new ArrayList<>(merged.values());
-        out.sort((a, b) -> Double.compare(b.probability, a.probability)); // stable: ties keep candidate order
-        return new ArrayList<>(out.subList(0, Math.min(n, out.size())));
+        return new ArrayList<>(merged.values());
+    }
+
+    /** Extends the fresh chains one after another, until each has ended or is out of budget; stops, leaving the
+     *  open ones cut short, once no end of them can change the n words shown (docs/keyboard.md step 6). */
+    private void extendAll(List<Chain> fresh, List<Chain> all, String prefix, String partial, int n) {
+        boolean midWord = !partial.isEmpty();
+        for (int i = 0; i < fresh.size(); i++) {
+            Chain chain = fresh.get(i);
+            while (stillOpen(chain, prefix, midWord)) {
+                List<Chain> open = new ArrayList<>();
+                open.add(chain);
+                for (Chain later : fresh.subList(i + 1, fresh.size())) {
+                    if (stillOpen(later, prefix, midWord)) open.add(later); // not extended yet: open
+                }
+                if (settled(all, open, prefix, partial, n)) {
+                    for (Chain c : open) c.cutShort = true;
+                    return;
+                }
+                step(chain, cached.length, prefix);
+            }
+        }
+    }
+
+    /** Whether the first n words of the decided chains stay the words shown, in the same order with the same
+     *  probabilities, however the open chains end: n words are there, no open chain can end in one of them, and
+     *  the n-th is more likely than the next one and every open chain together could be. */
+    private boolean settled(List<Chain> all, List<Chain> open, String prefix, String partial, int n) {
+        List<Suggestion> ranked = merge(all, prefix, partial);
+        ranked.sort((a, b) -> Double.compare(b.probability, a.probability));
+        if (ranked.size() < n) return false;
+        double spare = 0;
+        for (Chain chain : open) {
+            int[] ids = ids(chain, chain.tokens.size());
+            String text = tokenizer.decode(ids);
+            String c = "";
+            if (text.length() >= prefix.length()) { // any word the chain still ends in inserts c and maybe more
+                int end = text.length();
+                while (end > prefix.length() && text.charAt(end - 1) == '\ufffd') end--;
+                c = text.substring(prefix.length(), end);
+            }
+            for (Suggestion w : ranked.subList(0, n)) if (w.insert.startsWith(c)) return false;
+            double bound = chain.probs.get(0); // the product over the tokens that spell part of c
+            for (int i = 1; i < ids.length; i++) {
+                if (tokenizer.decode(Arrays.copyOf(ids, i)).length() >= prefix.length() + c.length()) break;
+                bound *= chain.probs.get(i);
+            }
+            spare += bound;
+        }
+        spare += ranked.size() > n ? ranked.get(n).probability : 0;
+        return ranked.get(n - 1).probability > spare * (1 + 1e-9); // margin: float sums in another order
     }
 
     /** Run the context, reusing the cached rows of its common prefix; returns the last position's logits. */
@@ -152,26 +212,34 @@ public final class WordSuggester {
         return j;
     }
 
-    /** Grow the chain by greedy tokens (its first token at position `position`) until its word has ended or it
-     *  has MAX_EXTRA_TOKENS more tokens after the one that completes the taken-back text; while that text is
-     *  unspelled, only tokens that fit it. */
-    private void extend(Chain chain, int position, String prefix, boolean midWord) {
-        int spelling = 1; // tokens up to the one that completes prefix
-        while (decide(chain, chain.tokens.size(), prefix, midWord) == null) {
-            int[] ids = new int[chain.tokens.size()];
-            for (int i = 0; i < ids.length; i++) ids[i] = chain.tokens.get(i);
-            int spelled = tokenizer.decode(ids).length();
-            if (spelled < prefix.length()) spelling = ids.length + 1;
-            if (ids.length - spelling >= MAX_EXTRA_TOKENS) return;
-            float[] logits = extender.forward(new int[] {ids[ids.length - 1]}, position + ids.length - 1);
-            int t = argmax(logits);
-            if (spelled < prefix.length()) {
-                List<Integer> fit = firstTokens(logits, tokenText, prefix.substring(spelled), 1);
-                if (!fit.isEmpty()) t = fit.get(0);
-            }
-            chain.tokens.add(t);
-            chain.probs.add(probability(logits, t));
+    /** Whether the chain's word is still open and it has fewer than MAX_EXTRA_TOKENS tokens after the one that
+     *  completes the taken-back text. */
+    private boolean stillOpen(Chain chain, String prefix, boolean midWord) {
+        int size = chain.tokens.size(), spelling = 1; // tokens up to the one that completes prefix
+        while (spelling < size && tokenizer.decode(ids(chain, spelling)).length() < prefix.length()) spelling++;
+        return size - spelling < MAX_EXTRA_TOKENS && decide(chain, size, prefix, midWord) == null;
+    }
+
+    /** One greedy token on the chain (its first token at position `position`); while the taken-back text is
+     *  unspelled, only a token that fits it. */
+    private void step(Chain chain, int position, String prefix) {
+        int[] ids = ids(chain, chain.tokens.size());
+        int spelled = tokenizer.decode(ids).length();
+        float[] logits = extender.forward(new int[] {ids[ids.length - 1]}, position + ids.length - 1);
+        int t = argmax(logits);
+        if (spelled < prefix.length()) {
+            List<Integer> fit = firstTokens(logits, tokenText, prefix.substring(spelled), 1);
+            if (!fit.isEmpty()) t = fit.get(0);
         }
+        chain.tokens.add(t);
+        chain.probs.add(probability(logits, t));
+    }
+
+    /** The chain's first k tokens. */
+    private static int[] ids(Chain chain, int k) {
+        int[] ids = new int[k];
+        for (int i = 0; i < k; i++) ids[i] = chain.tokens.get(i);
+        return ids;
     }
 
     private String[] tokenTexts(int vocab) {
@@ -228,8 +296,7 @@ public final class WordSuggester {
     /** The decision on the chain's first k tokens, with the word's probability: the product over the tokens that
      *  spell part of the word (not those of the ending alone). */
     private Decision decide(Chain chain, int k, String prefix, boolean midWord) {
-        int[] ids = new int[k];
-        for (int i = 0; i < k; i++) ids[i] = chain.tokens.get(i);
+        int[] ids = ids(chain, k);
         if (tokenText[ids[k - 1]].isEmpty()) return DEAD; // a special token (end of text): no word follows
         String text = tokenizer.decode(ids);
         if (text.length() < prefix.length() && prefix.startsWith(text)) return null; // still spelling the prefix

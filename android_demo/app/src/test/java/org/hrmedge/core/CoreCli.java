@@ -17,9 +17,10 @@ import java.util.StringJoiner;
  *   tokenize TOKENIZER_JSON TEXTS    texts: a JSON array of strings; prints one line of ids and one decoded
  *                                    JSON string per text
  *   suggest TOKENIZER_JSON JOB       job: {vocab, allowed, max_seq_len, draft_seed, sequences: [[text, ...], ...]};
- *                                    prints the JSON array of each text's words [label, insert, probability, ending]
- *                                    from WordSuggester on HashStepModel (chains on a draft HashStepModel of
- *                                    seed draft_seed, unless null), one suggester (cache) per sequence
+ *                                    prints {"sequences": each text's words [label, insert, probability, ending],
+ *                                    "draft_calls": the draft's forward calls in all} from WordSuggester on
+ *                                    HashStepModel (chains on a draft HashStepModel of seed draft_seed, unless
+ *                                    null), one suggester (cache) per sequence
  *   heal TOKENIZER_JSON CASES        cases: a JSON array of {text, logits, generated, penalty}; per case prints the
  *                                    healed context's ids, the allowed first tokens' ids, and the logits penalised
  *                                    over context + generated as the raw bits of each double
@@ -81,6 +82,7 @@ public final class CoreCli {
         int[] allowed = new int[allowedList.size()];
         for (int i = 0; i < allowed.length; i++) allowed[i] = (int) Json.number(allowedList.get(i));
         StringJoiner sequences = new StringJoiner(",", "[", "]");
+        int draftCalls = 0;
         for (Object texts : Json.array(job.get("sequences"))) {
             HashStepModel model = new HashStepModel((int) Json.number(job.get("vocab")), allowed,
                     (int) Json.number(job.get("max_seq_len")));
@@ -96,8 +98,9 @@ public final class CoreCli {
                 steps.add(words.toString());
             }
             sequences.add(steps.toString());
+            draftCalls += draft == null ? 0 : draft.calls;
         }
-        return sequences.toString();
+        return "{\"sequences\":" + sequences + ",\"draft_calls\":" + draftCalls + "}";
     }
 
     /** A JSON string literal (non-ASCII escaped, so the console encoding cannot alter it). */

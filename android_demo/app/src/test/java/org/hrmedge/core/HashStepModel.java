@@ -11,6 +11,8 @@ final class HashStepModel implements WordSuggester.StepModel {
     private final int maxSeqLen;
     private final int[] ids;
     private final int seed;
+    /** forward() calls so far. */
+    int calls;
 
     HashStepModel(int vocab, int[] allowedIds, int maxSeqLen) {
         allowed = new boolean[vocab];
@@ -40,6 +42,7 @@ final class HashStepModel implements WordSuggester.StepModel {
     @Override
     public float[] forward(int[] tokens, int start) {
         if (start + tokens.length > maxSeqLen) throw new IllegalArgumentException("context full");
+        calls++;
         System.arraycopy(tokens, 0, ids, start, tokens.length);
         int h = seed;
         for (int i = 0; i < start + tokens.length; i++) h = mix(h ^ (ids[i] * 0x9e3779b1 + i));
