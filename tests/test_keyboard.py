@@ -256,6 +256,20 @@ def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monke
     assert all(b == 1 for b, _ in model.calls) and found  # no extension steps ran; the budget mattered
 
 
+def test_spelling_the_taken_back_text_is_bounded(tokenizer, allowed, monkeypatch):
+    """A chain must finish spelling the taken-back text within MAX_SPELLING_TOKENS tokens after its first, or it is
+    dropped: with none allowed, the shorter first tokens are never extended and the words come from those that
+    cover it."""
+    import hrm_edge.runtime.suggest as suggest
+
+    monkeypatch.setattr(suggest, "MAX_SPELLING_TOKENS", 0)
+    context = TypedContext(HashStepModel(allowed, tokenizer.get_vocab_size()))
+    words = suggest_words(context, tokenizer, "x = 1\nfrob").words  # taken back: "rob"
+    shorter = [c for (_, rest), c in context.chains.items() if rest]
+    assert shorter and all(len(c.tokens) == 1 for c in shorter), shorter
+    assert all(w.label.startswith("frob") for w in words), words
+
+
 def test_chains_cut_short_never_change_the_words(tokenizer, allowed, monkeypatch):
     """Step 6's early stop (once no end of the open chains can change the words shown) saves decode steps and
     changes nothing: the same words, order and probabilities, bit for bit, as extending every chain to its end."""

@@ -27,6 +27,7 @@ from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxStepModel
 CANDIDATES = 4  # first tokens tried: 4, 6 and 8 gave the same top-3 accuracy on held-out code (2026-12-01)
 MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must be seen to end within them
 CONTEXT_TOKENS = 128  # the most context a suggestion reads: as accurate as 256 on held-out code, at half the cost
+MAX_SPELLING_TOKENS = 3  # tokens after the first that may finish spelling the taken-back text (bounds a keystroke)
 HEAL_CHARS = 2  # token healing takes back tokens until it holds this many characters of the partial word
 SPACES = " \t\n\r\f\v"
 
@@ -346,6 +347,8 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
     def still_open(chain):  # MAX_EXTRA_TOKENS after the token that completes the taken-back text
         spelling = next(k for k in range(1, len(chain.tokens) + 1)
                         if k == len(chain.tokens) or len(tokenizer.decode(chain.tokens[:k])) >= len(prefix))
+        if len(chain.tokens) > MAX_SPELLING_TOKENS and len(tokenizer.decode(chain.tokens)) < len(prefix):
+            return False  # not spelled within MAX_SPELLING_TOKENS after the first: dropped
         return len(chain.tokens) - spelling < MAX_EXTRA_TOKENS and decide_tokens(chain.tokens, chain.probs) is None
 
     def settled(open_chains):  # the words shown can no longer change: stop extending (docs/keyboard.md step 6)

@@ -18,6 +18,7 @@ import { row } from "./model.mjs";
 export const CANDIDATES = 4; // first tokens tried (4, 6 and 8: the same top-3 accuracy on held-out code)
 export const MAX_EXTRA_TOKENS = 4; // greedy decode steps after the first token
 export const CONTEXT_TOKENS = 128; // the most context a suggestion reads (as accurate as 256, half the cost)
+export const MAX_SPELLING_TOKENS = 3; // tokens after the first that may finish spelling the taken-back text
 export const HEAL_CHARS = 2; // token healing takes back tokens until it holds this many characters of the word
 const SPACES = " \t\n\r\f\v";
 const WORD_CHAR = /^[\p{L}\p{N}_]/u;
@@ -299,6 +300,8 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
     let spelling = 1;
     const short = (k) => chainText.decode(chain.tokens.slice(0, k)).length < prefix.length;
     while (spelling < chain.tokens.length && short(spelling)) spelling++;
+    // not spelled within MAX_SPELLING_TOKENS after the first: dropped
+    if (chain.tokens.length > MAX_SPELLING_TOKENS && short(chain.tokens.length)) return false;
     return chain.tokens.length - spelling < MAX_EXTRA_TOKENS && decideTokens(chain.tokens, chain.probs) === null;
   };
   const settled = (openChains) => // the words shown can no longer change: stop extending (docs/keyboard.md step 6)

@@ -70,6 +70,8 @@ public final class WordSuggester {
 
     private static final Decision DEAD = new Decision("", "", "", 0);
     static final int CANDIDATES = 4, MAX_EXTRA_TOKENS = 4;
+    /** Tokens after the first that may finish spelling the taken-back text (bounds a keystroke's steps). */
+    static final int MAX_SPELLING_TOKENS = 3;
     /** The most context a suggestion reads: as accurate as 256 tokens on held-out code, at half the cost. */
     static final int CONTEXT_TOKENS = 128;
     /** Token healing takes back tokens until it holds this many characters of the partial word. */
@@ -213,10 +215,13 @@ public final class WordSuggester {
     }
 
     /** Whether the chain's word is still open and it has fewer than MAX_EXTRA_TOKENS tokens after the one that
-     *  completes the taken-back text. */
+     *  completes the taken-back text, which came within MAX_SPELLING_TOKENS after the first. */
     private boolean stillOpen(Chain chain, String prefix, boolean midWord) {
         int size = chain.tokens.size(), spelling = 1; // tokens up to the one that completes prefix
         while (spelling < size && tokenizer.decode(ids(chain, spelling)).length() < prefix.length()) spelling++;
+        if (size > MAX_SPELLING_TOKENS && tokenizer.decode(ids(chain, size)).length() < prefix.length()) {
+            return false; // not spelled within MAX_SPELLING_TOKENS after the first: dropped
+        }
         return size - spelling < MAX_EXTRA_TOKENS && decide(chain, size, prefix, midWord) == null;
     }
 
