@@ -143,7 +143,7 @@ def test_only_whole_words_ranked_by_probability(tokenizer, allowed):
         for text, words in zip(typed(start, keys), steps):
             partial = trailing_word(text)
             probs = [p for _, _, p, _ in words]
-            assert probs == sorted(probs, reverse=True) and len({w[1] for w in words}) == len(words)
+            assert probs == sorted(probs, reverse=True) and len({w[0] for w in words}) == len(words)
             for label, insert, p, ending in words:
                 n_words += 1
                 assert label and all(is_word_char(c) for c in label), (text, label)
@@ -285,14 +285,36 @@ def test_chains_cut_short_never_change_the_words(tokenizer, allowed, monkeypatch
 def test_words_settled():
     from hrm_edge.runtime.suggest import Word, words_settled
 
+    # typed "o": the reaches are (start of the label an open chain may still end in, its bound)
     words = [Word("os", "s", 0.5), Word("open", "pen", 0.3), Word("or", "r", 0.1), Word("ord", "rd", 0.05)]
-    assert words_settled(words, [("ab", 0.04)], 3)  # 0.1 > 0.05 + 0.04
-    assert not words_settled(words, [("ab", 0.04), ("xy", 0.02)], 3)  # together they could pass "or"
-    assert not words_settled(words, [("p", 0.001)], 3)  # it may still end as "pen": "open" would grow
-    assert not words_settled(words, [("", 0.001)], 3)  # still spelling the typed text: it may end as any word
-    assert words_settled(words, [("rd", 0.01)], 3)  # it may only join "ord", which stays below "or"
-    assert not words_settled(words[:2], [("ab", 1e-6)], 3)  # a free place on the bar
-    assert words_settled(words[:3], [("ab", 0.099)], 3) and not words_settled(words[:3], [("ab", 0.1)], 3)
+    assert words_settled(words, [("oab", 0.04)], 3)  # 0.1 > 0.05 + 0.04
+    assert not words_settled(words, [("oab", 0.04), ("oxy", 0.02)], 3)  # together they could pass "or"
+    assert not words_settled(words, [("op", 0.001)], 3)  # it may still end as "open", which would grow
+    assert not words_settled(words, [("o", 0.001)], 3)  # still spelling the typed text: it may end as any word
+    assert words_settled(words, [("ord", 0.01)], 3)  # it may only join "ord", which stays below "or"
+    assert not words_settled(words[:2], [("oab", 1e-6)], 3)  # a free place on the bar
+    assert words_settled(words[:3], [("oab", 0.099)], 3) and not words_settled(words[:3], [("oab", 0.1)], 3)
+    # at a word start a chain of spaces and "b" may still end in "be" with other spaces before it: the same chip
+    starts = [Word("be", "\n    be", 0.5), Word("is", " is", 0.3), Word("as", " as", 0.1)]
+    assert not words_settled(starts, [("b", 0.001)], 3) and words_settled(starts, [("c", 0.001)], 3)
+
+
+def test_chains_with_the_same_word_are_one_chip(tokenizer):
+    """Chains that end in the same word after other spaces are one chip: their probabilities add up and a tap
+    inserts what the most probable of them inserts (step 9)."""
+    from hrm_edge.runtime.suggest import Chain, decide, merge
+
+    texts = tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())])
+    ids = {s: tokenizer.encode(s, add_special_tokens=False).ids for s in ("\n be(", "\n    be(", "\n is(")}
+    chains = [Chain(ids["\n be("], [0.1] * 9), Chain(ids["\n    be("], [0.5] * 9), Chain(ids["\n is("], [0.3] * 9)]
+
+    def decide_tokens(tokens, probs):
+        return decide(tokens, probs, tokenizer, texts, "\n", False)
+
+    alone = [decide_tokens(c.tokens, c.probs)[3] for c in chains]
+    words = merge(chains, decide_tokens, "")
+    assert [(w.label, w.insert) for w in words] == [("be", "    be"), ("is", " is")], words
+    assert words[0].probability == pytest.approx(alone[0] + alone[1]) and alone[1] > alone[0]
 
 
 # ---- the same words from JS (node) and Java ----

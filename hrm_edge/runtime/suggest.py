@@ -176,15 +176,18 @@ def healed(tokenizer, text: str, ids: list[int]) -> tuple[str, int, str]:
 
 
 def first_tokens(logits: np.ndarray, texts: list[str], prefix: str, count: int = CANDIDATES,
-                 pool: np.ndarray | None = None) -> list[int]:
+                 pool: np.ndarray | None = None, mid_word: bool | None = None) -> list[int]:
     """The `count` highest-logit tokens whose text starts with `prefix`; in the slots left, the highest-logit
     tokens whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower
-    id. pool: the ascending ids to look at (all if None), a speed-up only."""
+    id. mid_word (True/False): skip the covering tokens from which no word can come (read_word is dead: `" ="` where a
+    word should start). pool: the ascending ids to look at (all if None), a speed-up only."""
     covering, shorter = [], []
     order = np.argsort(-logits, kind="stable") if pool is None else pool[np.argsort(-logits[pool], kind="stable")]
     for t in order:
         text = texts[t]
         if text and text.startswith(prefix):
+            if mid_word is not None and read_word(text[len(prefix):], mid_word) == "":
+                continue
             covering.append(int(t))
             if len(covering) == count:
                 break
@@ -269,10 +272,11 @@ def cut_short(open_chains: list[Chain], settled) -> bool:
     return True
 
 
-def reach(chain: Chain, tokenizer, prefix: str) -> tuple[str, float]:
-    """(c, bound) of an open chain: any word it may still end in inserts c and maybe more ("" while it still spells
-    the taken-back text), with a probability of at most bound, the product over its tokens that spell part of c
-    (they count in the word's product, step 8; a later token's probability is at most 1)."""
+def reach(chain: Chain, tokenizer, prefix: str, partial: str) -> tuple[str, float]:
+    """(start, bound) of an open chain: the label of any word it may still end in starts with `start` (its text past
+    the taken-back one, c, without leading spaces, after the partial word; "" while it still spells the taken-back
+    text), with a probability of at most bound, the product over its tokens that spell part of c (they count in the
+    word's product, step 8; a later token's probability is at most 1)."""
     text = tokenizer.decode(chain.tokens)
     c = text[len(prefix):].rstrip("\ufffd") if len(text) >= len(prefix) else ""
     end = len(prefix) + len(c)
@@ -281,35 +285,41 @@ def reach(chain: Chain, tokenizer, prefix: str) -> tuple[str, float]:
         if len(tokenizer.decode(chain.tokens[:i])) >= end:
             break
         bound *= chain.probs[i]
-    return c, bound
+    return partial + c.lstrip(SPACES), bound
 
 
 def words_settled(words: list[Word], reaches: list[tuple[str, float]], n: int) -> bool:
     """Whether the first n of `words` (the decided chains' words, merged, in candidate order) stay the words shown,
-    in the same order with the same probabilities, however the open chains (reaches: their (c, bound)) end: n words
-    are there, no open chain can end in one of them (its probability would grow), and the n-th one is more likely
-    than the next one and every open chain together could be (a word that grows into a new one or joins a lower one)."""
+    in the same order with the same probabilities and inserts, however the open chains (reaches: their (start, bound))
+    end: n words are there, no open chain can end in one of them (its probability would grow), and the n-th one is
+    more likely than the next one and every open chain together could be (a word that grows into a new one or joins
+    a lower one)."""
     ranked = sorted(words, key=lambda w: -w.probability)
-    if len(ranked) < n or any(w.insert.startswith(c) for w in ranked[:n] for c, _ in reaches):
+    if len(ranked) < n or any(w.label.startswith(start) for w in ranked[:n] for start, _ in reaches):
         return False
     spare = sum(bound for _, bound in reaches) + (ranked[n].probability if len(ranked) > n else 0.0)
     return ranked[n - 1].probability > spare * (1 + 1e-9)  # margin: float sums in another order
 
 
 def merge(chains: list[Chain], decide_tokens, partial: str) -> list[Word]:
-    """The words of the decided chains, in candidate order; chains with the same insert are one word, their
-    probabilities added up (step 9)."""
-    merged: dict[str, Word] = {}
+    """The words of the decided chains, in candidate order; chains with the same label are one word, their
+    probabilities added up, inserting what the most probable of them inserts (step 9)."""
+    merged: dict[str, tuple[Word, float]] = {}  # label -> (word, probability of its most probable chain)
     for chain in chains:
         found = first_decision(chain, decide_tokens)
         if not found:
             continue  # open, dead, or no word ended within MAX_EXTRA_TOKENS
         insert, word, ending, probability = found
-        if insert in merged:
-            merged[insert].probability += probability
-        else:
-            merged[insert] = Word(partial + word if partial else word, insert, probability, ending)
-    return list(merged.values())
+        label = partial + word if partial else word
+        if label not in merged:
+            merged[label] = (Word(label, insert, probability, ending), probability)
+            continue
+        known, best = merged[label]
+        known.probability += probability
+        if probability > best:
+            known.insert, known.ending = insert, ending
+            merged[label] = (known, probability)
+    return [word for word, _ in merged.values()]
 
 
 def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Suggestions:
@@ -335,7 +345,7 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
         return (first_tokens(row, texts, rest, 1, context.tokens_starting(rest)) or [int(np.argmax(row))])[0]
 
     chains, fresh = [], []
-    for t in first_tokens(logits, texts, prefix, CANDIDATES, context.tokens_starting(prefix)):
+    for t in first_tokens(logits, texts, prefix, CANDIDATES, context.tokens_starting(prefix), partial != ""):
         key = (t, prefix[len(texts[t]):])  # a chain depends on its first token and the text it must spell
         chain = context.chains.get(key)
         if chain is None or chain.cut_short or (first_decision(chain, decide_tokens) is None
@@ -352,7 +362,7 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
         return len(chain.tokens) - spelling < MAX_EXTRA_TOKENS and decide_tokens(chain.tokens, chain.probs) is None
 
     def settled(open_chains):  # the words shown can no longer change: stop extending (docs/keyboard.md step 6)
-        reaches = [reach(chain, tokenizer, prefix) for chain in open_chains]
+        reaches = [reach(chain, tokenizer, prefix, partial) for chain in open_chains]
         return words_settled(merge(chains, decide_tokens, partial), reaches, n)
 
     extend(context, fresh, still_open, next_token, settled)

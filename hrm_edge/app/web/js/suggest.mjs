@@ -134,14 +134,17 @@ function rank(best, t, logits, count) {
 
 // The `count` highest-logit tokens whose text starts with `prefix`; in the slots left, the highest-logit tokens
 // whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id.
-function firstTokens(logits, texts, prefix, count = CANDIDATES) {
+// midWord (true/false): skip the covering tokens from which no word can come (readWord is dead: " =" where a word
+// should start).
+function firstTokens(logits, texts, prefix, count = CANDIDATES, midWord = null) {
   const covering = [], shorter = [];
   const room = (best, t) => best.length < count || logits[t] > logits[best[count - 1]];
   for (let t = 0; t < logits.length; t++) {
     const text = texts[t];
     if (!text || !(room(covering, t) || room(shorter, t))) continue; // the string tests only for a possible rank
-    if (text.startsWith(prefix)) rank(covering, t, logits, count);
-    else if (prefix.startsWith(text)) rank(shorter, t, logits, count);
+    if (text.startsWith(prefix)) {
+      if (midWord === null || readWord(text.slice(prefix.length), midWord) !== "") rank(covering, t, logits, count);
+    } else if (prefix.startsWith(text)) rank(shorter, t, logits, count);
   }
   return covering.concat(shorter).slice(0, count);
 }
@@ -207,10 +210,11 @@ function cutShort(openChains, settled) {
   return true;
 }
 
-// [c, bound] of an open chain: any word it may still end in inserts c and maybe more ("" while it still spells the
-// taken-back text), with a probability of at most bound, the product over its tokens that spell part of c (they
-// count in the word's product; a later token's probability is at most 1).
-function reach(chain, tokenizer, prefix) {
+// [start, bound] of an open chain: the label of any word it may still end in starts with `start` (its text past the
+// taken-back one, c, without leading spaces, after the partial word; "" while it still spells the taken-back text),
+// with a probability of at most bound, the product over its tokens that spell part of c (they count in the word's
+// product; a later token's probability is at most 1).
+function reach(chain, tokenizer, prefix, partial) {
   const text = tokenizer.decode(chain.tokens);
   const c = text.length >= prefix.length ? text.slice(prefix.length).replace(/\ufffd+$/u, "") : "";
   const end = prefix.length + c.length;
@@ -219,34 +223,44 @@ function reach(chain, tokenizer, prefix) {
     if (tokenizer.decode(chain.tokens.slice(0, i)).length >= end) break;
     bound *= chain.probs[i];
   }
-  return [c, bound];
+  return [partial + c.replace(/^[ \t\n\r\f\v]+/u, ""), bound];
 }
 
 // Whether the first n of `words` (the decided chains' words, merged, in candidate order) stay the words shown, in
-// the same order with the same probabilities, however the open chains (reaches: their [c, bound]) end: n words are
-// there, no open chain can end in one of them, and the n-th is more likely than the next one and every open chain
-// together could be.
+// the same order with the same probabilities and inserts, however the open chains (reaches: their [start, bound])
+// end: n words are there, no open chain can end in one of them, and the n-th is more likely than the next one and
+// every open chain together could be.
 export function wordsSettled(words, reaches, n) {
   const ranked = [...words].sort((a, b) => b.probability - a.probability);
-  if (ranked.length < n || ranked.slice(0, n).some((w) => reaches.some(([c]) => w.insert.startsWith(c)))) return false;
+  const joins = (w) => reaches.some(([start]) => w.label.startsWith(start)); // an open chain may end in w
+  if (ranked.length < n || ranked.slice(0, n).some(joins)) return false;
   let spare = 0;
   for (const [, bound] of reaches) spare += bound;
   spare += ranked.length > n ? ranked[n].probability : 0;
   return ranked[n - 1].probability > spare * (1 + 1e-9); // margin: float sums in another order
 }
 
-// The words of the decided chains, in candidate order; chains with the same insert are one word, their
-// probabilities added up.
+// The words of the decided chains, in candidate order; chains with the same label are one word, their probabilities
+// added up, inserting what the most probable of them inserts.
 function merge(chains, decideTokens, partial) {
-  const merged = new Map();
+  const merged = new Map(); // label -> [word, the probability of its most probable chain]
   for (const chain of chains) {
     const found = firstDecision(chain, decideTokens);
     if (!found) continue; // open, dead, or no word ended within MAX_EXTRA_TOKENS
     const [insert, word, ending, p] = found;
-    if (merged.has(insert)) merged.get(insert).probability += p;
-    else merged.set(insert, { label: partial ? partial + word : word, insert, probability: p, ending });
+    const label = partial ? partial + word : word;
+    const known = merged.get(label);
+    if (!known) {
+      merged.set(label, [{ label, insert, probability: p, ending }, p]);
+      continue;
+    }
+    known[0].probability += p;
+    if (p > known[1]) {
+      Object.assign(known[0], { insert, ending });
+      known[1] = p;
+    }
   }
-  return [...merged.values()];
+  return [...merged.values()].map(([word]) => word);
 }
 
 // tokenizer.decode, memoized (for one suggestion: the texts of a few chains' prefixes).
@@ -285,7 +299,7 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   const chains = [], fresh = [];
   let norm = null; // the first tokens' softmax, taken only if a chain is new
   const probability = (t) => (norm ??= probabilities(logits))(t);
-  for (const t of firstTokens(logits, texts, prefix)) {
+  for (const t of firstTokens(logits, texts, prefix, CANDIDATES, partial !== "")) {
     const key = `${t} ${prefix.slice(texts[t].length)}`; // a chain depends on its first token and what it must spell
     let chain = context.chains.get(key);
     if (!chain || chain.cutShort || (firstDecision(chain, decideTokens) === null
@@ -305,7 +319,7 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
     return chain.tokens.length - spelling < MAX_EXTRA_TOKENS && decideTokens(chain.tokens, chain.probs) === null;
   };
   const settled = (openChains) => // the words shown can no longer change: stop extending (docs/keyboard.md step 6)
-    wordsSettled(merge(chains, decideTokens, partial), openChains.map((c) => reach(c, chainText, prefix)), n);
+    wordsSettled(merge(chains, decideTokens, partial), openChains.map((c) => reach(c, chainText, prefix, partial)), n);
   await extend(context, fresh, stillOpen, nextToken, settled);
   // Array.prototype.sort is stable: ties keep candidate order
   const words = merge(chains, decideTokens, partial).sort((a, b) => b.probability - a.probability).slice(0, n);

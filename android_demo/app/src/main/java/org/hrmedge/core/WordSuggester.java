@@ -109,7 +109,7 @@ public final class WordSuggester {
         String[] texts = tokenTexts(logits.length);
         String prefix = tokenizer.decode(Arrays.copyOfRange(ids, cut, ids.length));
         List<Chain> list = new ArrayList<>(), fresh = new ArrayList<>();
-        for (int t : firstTokens(logits, texts, prefix, CANDIDATES)) {
+        for (int t : firstTokens(logits, texts, prefix, CANDIDATES, midWord)) {
             // a chain depends on its first token and the text it must spell
             String key = t + " " + prefix.substring(Math.min(texts[t].length(), prefix.length()));
             Chain chain = chains.get(key);
@@ -129,16 +129,25 @@ public final class WordSuggester {
         return new ArrayList<>(out.subList(0, Math.min(n, out.size())));
     }
 
-    /** The words of the decided chains, in candidate order; chains with the same insert are one word, their
-     *  probabilities added up. */
+    /** The words of the decided chains, in candidate order; chains with the same label are one word, their
+     *  probabilities added up, inserting what the most probable of them inserts. */
     private List<Suggestion> merge(List<Chain> list, String prefix, String partial) {
         Map<String, Suggestion> merged = new LinkedHashMap<>();
+        Map<String, Double> best = new HashMap<>(); // label -> the probability of its most probable chain
         for (Chain chain : list) {
             Decision d = firstDecision(chain, prefix, !partial.isEmpty());
             if (d == null || d == DEAD) continue; // open, dead, or no word ended within MAX_EXTRA_TOKENS
-            Suggestion known = merged.get(d.insert);
-            if (known != null) known.probability += d.probability;
-            else merged.put(d.insert, new Suggestion(partial + d.word, d.insert, d.probability, d.ending));
+            String label = partial + d.word;
+            Suggestion known = merged.get(label);
+            if (known == null) {
+                merged.put(label, new Suggestion(label, d.insert, d.probability, d.ending));
+                best.put(label, d.probability);
+            } else if (d.probability > best.get(label)) {
+                merged.put(label, new Suggestion(label, d.insert, known.probability + d.probability, d.ending));
+                best.put(label, d.probability);
+            } else {
+                known.probability += d.probability;
+            }
         }
         return new ArrayList<>(merged.values());
     }
@@ -165,7 +174,8 @@ public final class WordSuggester {
     }
 
     /** Whether the first n words of the decided chains stay the words shown, in the same order with the same
-     *  probabilities, however the open chains end: n words are there, no open chain can end in one of them, and
+     *  probabilities and inserts, however the open chains end: n words are there, no open chain can end in one of
+     *  them, and
      *  the n-th is more likely than the next one and every open chain together could be. */
     private boolean settled(List<Chain> all, List<Chain> open, String prefix, String partial, int n) {
         List<Suggestion> ranked = merge(all, prefix, partial);
@@ -175,13 +185,16 @@ public final class WordSuggester {
         for (Chain chain : open) {
             int[] ids = ids(chain, chain.tokens.size());
             String text = tokenizer.decode(ids);
-            String c = "";
-            if (text.length() >= prefix.length()) { // any word the chain still ends in inserts c and maybe more
+            String c = ""; // the chain's text past the taken-back one
+            if (text.length() >= prefix.length()) {
                 int end = text.length();
                 while (end > prefix.length() && text.charAt(end - 1) == '\ufffd') end--;
                 c = text.substring(prefix.length(), end);
             }
-            for (Suggestion w : ranked.subList(0, n)) if (w.insert.startsWith(c)) return false;
+            int skip = 0;
+            while (skip < c.length() && SPACES.indexOf(c.charAt(skip)) >= 0) skip++;
+            String start = partial + c.substring(skip); // the label of any word the chain still ends in starts so
+            for (Suggestion w : ranked.subList(0, n)) if (w.label.startsWith(start)) return false;
             double bound = chain.probs.get(0); // the product over the tokens that spell part of c
             for (int i = 1; i < ids.length; i++) {
                 if (tokenizer.decode(Arrays.copyOf(ids, i)).length() >= prefix.length() + c.length()) break;
@@ -233,7 +246,7 @@ public final class WordSuggester {
         float[] logits = extender.forward(new int[] {ids[ids.length - 1]}, position + ids.length - 1);
         int t = argmax(logits);
         if (spelled < prefix.length()) {
-            List<Integer> fit = firstTokens(logits, tokenText, prefix.substring(spelled), 1);
+            List<Integer> fit = firstTokens(logits, tokenText, prefix.substring(spelled), 1, null);
             if (!fit.isEmpty()) t = fit.get(0);
         }
         chain.tokens.add(t);
@@ -327,13 +340,19 @@ public final class WordSuggester {
     }
 
     /** The count highest-logit tokens whose text starts with prefix; in the slots left, the highest-logit tokens
-     *  whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id. */
-    private static List<Integer> firstTokens(float[] logits, String[] texts, String prefix, int count) {
+     *  whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id.
+     *  midWord (non-null): skip the covering tokens from which no word can come (readWord is DEAD: " =" where a word
+     *  should start). */
+    private static List<Integer> firstTokens(float[] logits, String[] texts, String prefix, int count,
+                                             Boolean midWord) {
         List<Integer> covering = new ArrayList<>(), shorter = new ArrayList<>();
         for (int t = 0; t < logits.length; t++) {
             if (texts[t].isEmpty() || !(room(covering, t, logits, count) || room(shorter, t, logits, count))) continue;
-            if (texts[t].startsWith(prefix)) rank(covering, t, logits, count);
-            else if (prefix.startsWith(texts[t])) rank(shorter, t, logits, count);
+            if (texts[t].startsWith(prefix)) {
+                if (midWord == null || readWord(texts[t].substring(prefix.length()), midWord) != DEAD) {
+                    rank(covering, t, logits, count);
+                }
+            } else if (prefix.startsWith(texts[t])) rank(shorter, t, logits, count);
         }
         covering.addAll(shorter);
         return covering.subList(0, Math.min(count, covering.size()));
