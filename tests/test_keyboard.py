@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 from test_android_core import classes, java  # noqa: F401  (classes: the compiled Java core, a fixture)
 from test_demo import DemoServer
-from hrm_edge.runtime.suggest import (CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, decide,
+from hrm_edge.runtime.suggest import (BRANCHES, CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, decide,
                                       first_decision, healed, healed_start, is_word_char, keyboard_metrics,
                                       read_typed_word, read_word, suggest_words, trailing_word)
 from hrm_edge.train.tokenizer import load_tokenizer
@@ -160,12 +160,11 @@ def test_batched_steps_and_reused_chains(tokenizer, allowed):
     model = HashStepModel(allowed, tokenizer.get_vocab_size())
     context = TypedContext(model)
     first = suggest_words(context, tokenizer, "import os\ndef get")
-    # one context run, then at most MAX_EXTRA_TOKENS one-token steps with every open chain in the batch
+    # one context run, then at most MAX_EXTRA_TOKENS one-token steps with every open chain (and fork) in the batch
     assert model.calls[0] == (1, len(tokenizer.encode("import os\ndef", add_special_tokens=False).ids))
     # (a first token shorter than " get" spends steps spelling the rest before its MAX_EXTRA_TOKENS)
     assert 1 <= len(model.calls) - 1 <= MAX_EXTRA_TOKENS + len(" get") - 1
-    assert all(s == 1 and b <= CANDIDATES for b, s in model.calls[1:])
-    assert [b for b, _ in model.calls[1:]] == sorted(b for b, _ in model.calls[1:])[::-1]  # finished chains leave
+    assert all(s == 1 and b <= CANDIDATES * BRANCHES for b, s in model.calls[1:])
     model.calls.clear()
     again = suggest_words(context, tokenizer, "import os\ndef get")
     assert model.calls == [] and again.words == first.words  # same context: cache and chains reused
@@ -182,7 +181,7 @@ def test_the_draft_model_extends_the_chains(tokenizer, allowed):
     drafted = [TypedContext(model, draft) for _ in texts]
     drafted_words = [suggest_words(c, tokenizer, t).words for c, t in zip(drafted, texts)]
     assert len(model.calls) == len(texts) and all(b == 1 for b, _ in model.calls)  # the context runs only
-    assert draft.calls and all(s == 1 and b <= CANDIDATES for b, s in draft.calls)
+    assert draft.calls and all(s == 1 and b <= CANDIDATES * BRANCHES for b, s in draft.calls)
     plain = [TypedContext(model) for _ in texts]
     assert [suggest_words(c, tokenizer, t).words for c, t in zip(plain, texts)] != drafted_words
     for a, b in zip(drafted, plain):  # the first tokens (candidates) are the model's, the rest the draft's
@@ -203,7 +202,7 @@ def test_a_partial_word_of_several_tokens_is_healed(tokenizer, allowed):
     words = suggest_words(context, tokenizer, text).words
     assert model.calls[0] == (1, cut) and context.ids == ids[:cut]
     assert words and all(w.label.startswith("frob") for w in words), words
-    spelled = [tokenizer.decode(c.tokens) for (_, rest), c in context.chains.items() if rest]  # shorter first token
+    spelled = [tokenizer.decode(c.tokens) for (_, rest, _), c in context.chains.items() if rest]  # shorter first token
     assert spelled and all(d.startswith("rob") or "rob".startswith(d) for d in spelled), spelled
     assert any(d.startswith("rob") for d in spelled), spelled  # spelled the rest, then went on
     assert healed_start(tokenizer, tokenizer.encode("x = 1\nfr", add_special_tokens=False).ids, "fr") == cut - 1
@@ -265,9 +264,29 @@ def test_spelling_the_taken_back_text_is_bounded(tokenizer, allowed, monkeypatch
     monkeypatch.setattr(suggest, "MAX_SPELLING_TOKENS", 0)
     context = TypedContext(HashStepModel(allowed, tokenizer.get_vocab_size()))
     words = suggest_words(context, tokenizer, "x = 1\nfrob").words  # taken back: "rob"
-    shorter = [c for (_, rest), c in context.chains.items() if rest]
+    shorter = [c for (_, rest, _), c in context.chains.items() if rest]
     assert shorter and all(len(c.tokens) == 1 for c in shorter), shorter
     assert all(w.label.startswith("frob") for w in words), words
+
+
+def test_a_chain_whose_word_has_not_started_forks_once(tokenizer, allowed):
+    """Where a chain's text past the taken-back one has no word character yet (after a newline or a typed-out
+    token), the next token picks the word: the chain takes the best token after which a word can still come and
+    BRANCHES - 1 copies (forks) take the next ones; a fork never forks, a chain only once."""
+    forks = 0
+    for text in ("import os\n", "x = 1\n\n", "def f(x):\n    return x\n", "print(se", "a = b"):
+        context = TypedContext(HashStepModel(allowed, tokenizer.get_vocab_size()))
+        suggest_words(context, tokenizer, text)
+        prefix = healed(tokenizer, text, tokenizer.encode(text, add_special_tokens=False).ids)[2]
+        for chain in context.chains.values():
+            assert len(chain.family()) <= BRANCHES and all(not f.forks and f.forked for f in chain.forks)
+            for fork in chain.forks:
+                k = next(i for i, (a, b) in enumerate(zip(chain.tokens, fork.tokens)) if a != b)  # where they part
+                assert fork.tokens[:k] == chain.tokens[:k] and fork.probs[:k] == chain.probs[:k]
+                c = tokenizer.decode(chain.tokens[:k])[len(prefix):]
+                assert not any(is_word_char(ch) for ch in c), (text, c)  # no word started before the fork
+                forks += 1
+    assert forks >= 3, forks  # the fixture forks
 
 
 def test_chains_cut_short_never_change_the_words(tokenizer, allowed, monkeypatch):

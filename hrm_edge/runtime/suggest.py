@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,7 @@ CANDIDATES = 4  # first tokens tried: 4, 6 and 8 gave the same top-3 accuracy on
 MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must be seen to end within them
 CONTEXT_TOKENS = 128  # the most context a suggestion reads: as accurate as 256 on held-out code, at half the cost
 MAX_SPELLING_TOKENS = 3  # tokens after the first that may finish spelling the taken-back text (bounds a keystroke)
+BRANCHES = 2  # where a chain's word has not started, it forks into this many chains (top-3 +2.4 points)
 HEAL_CHARS = 2  # token healing takes back tokens until it holds this many characters of the partial word
 SPACES = " \t\n\r\f\v"
 
@@ -52,6 +53,11 @@ class Chain:
     tokens: list[int]
     probs: list[float]
     cut_short: bool = False  # left open once the shown words no longer depended on it: computed again if asked for
+    forks: list["Chain"] = field(default_factory=list)  # its copies that took the 2nd.. best token (step 6)
+    forked: bool = False  # it has chosen a token where its word had not started (a chain forks once, a fork never)
+
+    def family(self) -> list["Chain"]:
+        return [self, *self.forks]
 
 
 class TypedContext:
@@ -196,6 +202,18 @@ def first_tokens(logits: np.ndarray, texts: list[str], prefix: str, count: int =
     return (covering + shorter)[:count]
 
 
+def word_tokens(logits: np.ndarray, texts: list[str], c: str, mid_word: bool, count: int) -> list[int]:
+    """The `count` highest-logit tokens (ties: lower id) after which a word can still come from a chain whose text
+    past the taken-back one is c (no word character in it yet): read_word(c + text) is not dead."""
+    out = []
+    for t in np.argsort(-logits, kind="stable"):
+        if texts[t] and read_word(c + texts[t], mid_word) != "":
+            out.append(int(t))
+            if len(out) == count:
+                break
+    return out
+
+
 def decide(tokens: list[int], probs: list[float], tokenizer, texts: list[str], prefix: str, mid_word: bool):
     """None while the word of a chain's tokens is open, "" if no word comes out (dead), else
     (insert, word, ending, probability)."""
@@ -237,29 +255,39 @@ def batch_runner(model, context_k: np.ndarray, context_v: np.ndarray, rows: int)
     return model.run, np.repeat(context_k, rows, axis=1), np.repeat(context_v, rows, axis=1)
 
 
-def extend(context: TypedContext, chains: list[Chain], still_open, next_token, settled) -> None:
-    """Grow every chain whose word is still open by greedy tokens (next_token(chain, logits [V]) -> id), all of
-    them as one batch per decode step, until each has ended or is out of budget (still_open false), or until
-    settled(open chains) says no end of them can change the words shown (those are then cut short)."""
-    rows = [i for i in range(len(chains)) if still_open(chains[i])]  # the chain of each batch row
-    if not rows or cut_short([chains[i] for i in rows], settled):
+def extend(context: TypedContext, chains: list[Chain], still_open, next_tokens, settled) -> None:
+    """Grow every chain whose word is still open by greedy tokens (next_tokens(chain, logits [V]) -> ids: one, or
+    several where it forks, each fork a new chain in chain.forks), all of them as one batch per decode step, until
+    each has ended or is out of budget (still_open false), or until settled(open chains) says no end of them can
+    change the words shown (those are then cut short)."""
+    rows = [chain for chain in chains if still_open(chain)]  # the chain of each batch row
+    if not rows or cut_short(rows, settled):
         return
     model = context.draft or context.model
     run, past_k, past_v = batch_runner(model, context.past_k[: model.slots], context.past_v[: model.slots], len(rows))
     while True:
-        tokens = np.array([[chains[i].tokens[-1]] for i in rows], np.int64)  # [B, 1]
+        tokens = np.array([[chain.tokens[-1]] for chain in rows], np.int64)  # [B, 1]
         logits, past_k, past_v = run(tokens, past_k, past_v)
-        for b, i in enumerate(rows):
+        grown, parents = [], []  # the chains after this step (forks after their chain), the row each came from
+        for b, chain in enumerate(rows):
             row = logits[b, 0].astype(np.float64)
-            t = next_token(chains[i], row)
-            chains[i].tokens.append(t)
-            chains[i].probs.append(float(1.0 / np.exp(row - row[t]).sum()))
-        keep = [b for b, i in enumerate(rows) if still_open(chains[i])]
-        if not keep or cut_short([chains[rows[b]] for b in keep], settled):
+            tokens, probs = list(chain.tokens), list(chain.probs)  # before this step
+            for k, t in enumerate(next_tokens(chain, row)):
+                target = chain
+                if k > 0:  # a fork: a copy of the chain that takes the k-th token instead
+                    target = Chain(list(tokens), list(probs), forked=True)
+                    chain.forks.append(target)
+                target.tokens.append(t)
+                target.probs.append(float(1.0 / np.exp(row - row[t]).sum()))
+                grown.append(target)
+                parents.append(b)
+        keep = [j for j, chain in enumerate(grown) if still_open(chain)]
+        if not keep or cut_short([grown[j] for j in keep], settled):
             return
-        if len(keep) < len(rows):
-            past_k, past_v = np.ascontiguousarray(past_k[:, keep]), np.ascontiguousarray(past_v[:, keep])
-            rows = [rows[b] for b in keep]
+        if [parents[j] for j in keep] != list(range(len(rows))):  # rows left or forked: their pasts follow
+            pick = [parents[j] for j in keep]
+            past_k, past_v = np.ascontiguousarray(past_k[:, pick]), np.ascontiguousarray(past_v[:, pick])
+        rows = [grown[j] for j in keep]
 
 
 def cut_short(open_chains: list[Chain], settled) -> bool:
@@ -302,10 +330,10 @@ def words_settled(words: list[Word], reaches: list[tuple[str, float]], n: int) -
 
 
 def merge(chains: list[Chain], decide_tokens, partial: str) -> list[Word]:
-    """The words of the decided chains, in candidate order; chains with the same label are one word, their
-    probabilities added up, inserting what the most probable of them inserts (step 9)."""
+    """The words of the decided chains, in candidate order (each chain, then its forks); chains with the same label
+    are one word, their probabilities added up, inserting what the most probable of them inserts (step 9)."""
     merged: dict[str, tuple[Word, float]] = {}  # label -> (word, probability of its most probable chain)
-    for chain in chains:
+    for chain in [member for chain in chains for member in chain.family()]:
         found = first_decision(chain, decide_tokens)
         if not found:
             continue  # open, dead, or no word ended within MAX_EXTRA_TOKENS
@@ -337,19 +365,25 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
     def decide_tokens(tokens, probs):
         return decide(tokens, probs, tokenizer, texts, prefix, partial != "")
 
-    def next_token(chain, row):  # greedy, among the tokens that fit while the taken-back text is unspelled
+    def next_tokens(chain, row):  # greedy; where the word has not started, viable tokens, and the chain forks once
         spelled = tokenizer.decode(chain.tokens)
-        if len(spelled) >= len(prefix):
-            return int(np.argmax(row))
-        rest = prefix[len(spelled):]
-        return (first_tokens(row, texts, rest, 1, context.tokens_starting(rest)) or [int(np.argmax(row))])[0]
+        if len(spelled) < len(prefix):  # among the tokens that fit the taken-back text still unspelled
+            rest = prefix[len(spelled):]
+            return (first_tokens(row, texts, rest, 1, context.tokens_starting(rest)) or [int(np.argmax(row))])[:1]
+        c = spelled[len(prefix):].rstrip("\ufffd")
+        if any(is_word_char(ch) for ch in c):
+            return [int(np.argmax(row))]
+        count, chain.forked = 1 if chain.forked else BRANCHES, True
+        return word_tokens(row, texts, c, partial != "", count) or [int(np.argmax(row))]
 
     chains, fresh = [], []
     for t in first_tokens(logits, texts, prefix, CANDIDATES, context.tokens_starting(prefix), partial != ""):
-        key = (t, prefix[len(texts[t]):])  # a chain depends on its first token and the text it must spell
+        # a chain depends on its first token, the text it must spell and whether its word has started (where it forks)
+        key = (t, prefix[len(texts[t]):], any(is_word_char(ch) for ch in texts[t][len(prefix):]))
         chain = context.chains.get(key)
-        if chain is None or chain.cut_short or (first_decision(chain, decide_tokens) is None
-                                                and len(chain.tokens) <= MAX_EXTRA_TOKENS):
+        if chain is None or any(member.cut_short or (first_decision(member, decide_tokens) is None
+                                                     and len(member.tokens) <= MAX_EXTRA_TOKENS)
+                                for member in chain.family()):
             chain = context.chains[key] = Chain([t], [float(p[t])])  # not computed yet, or too short to decide
             fresh.append(chain)
         chains.append(chain)
@@ -365,7 +399,7 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
         reaches = [reach(chain, tokenizer, prefix, partial) for chain in open_chains]
         return words_settled(merge(chains, decide_tokens, partial), reaches, n)
 
-    extend(context, fresh, still_open, next_token, settled)
+    extend(context, fresh, still_open, next_tokens, settled)
     words = sorted(merge(chains, decide_tokens, partial), key=lambda w: -w.probability)[:n]  # stable: ties keep order
     return Suggestions(words, (time.perf_counter() - start) * 1000)
 

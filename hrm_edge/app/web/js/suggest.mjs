@@ -19,6 +19,7 @@ export const CANDIDATES = 4; // first tokens tried (4, 6 and 8: the same top-3 a
 export const MAX_EXTRA_TOKENS = 4; // greedy decode steps after the first token
 export const CONTEXT_TOKENS = 128; // the most context a suggestion reads (as accurate as 256, half the cost)
 export const MAX_SPELLING_TOKENS = 3; // tokens after the first that may finish spelling the taken-back text
+export const BRANCHES = 2; // where a chain's word has not started, it forks into this many chains
 export const HEAL_CHARS = 2; // token healing takes back tokens until it holds this many characters of the word
 const SPACES = " \t\n\r\f\v";
 const WORD_CHAR = /^[\p{L}\p{N}_]/u;
@@ -149,6 +150,18 @@ function firstTokens(logits, texts, prefix, count = CANDIDATES, midWord = null) 
   return covering.concat(shorter).slice(0, count);
 }
 
+// The `count` highest-logit tokens (ties: lower id) after which a word can still come from a chain whose text past
+// the taken-back one is c (no word character in it yet): readWord(c + text) is not dead.
+function wordTokens(logits, texts, c, midWord, count) {
+  const best = [];
+  for (let t = 0; t < logits.length; t++) {
+    const text = texts[t];
+    if (!text || !(best.length < count || logits[t] > logits[best[count - 1]])) continue;
+    if (readWord(c + text, midWord) !== "") rank(best, t, logits, count);
+  }
+  return best;
+}
+
 // null while the word of a chain's tokens is open, "" if no word comes out (dead), else
 // [insert, word, ending, probability].
 function decide(tokens, probs, tokenizer, texts, prefix, midWord) {
@@ -177,29 +190,43 @@ function firstDecision(chain, decideTokens) {
   return null;
 }
 
-// Grow every chain whose word is still open by greedy tokens (nextToken(chain, logits) -> id), all of them as
-// one batch per decode step, until each has ended or is out of budget (stillOpen false), or until settled(open
-// chains) says no end of them can change the words shown (those are then cut short). The draft model runs the
-// steps where there is one (pastRows keeps its slots): a branch graph's rows share the context's past, a draft or
-// KV graph's get it tiled along the batch axis.
-async function extend(context, chains, stillOpen, nextToken, settled) {
+// Grow every chain whose word is still open by greedy tokens (nextTokens(chain, logits) -> ids: one, or several
+// where it forks, each fork a new chain in chain.forks), all of them as one batch per decode step, until each has
+// ended or is out of budget (stillOpen false), or until settled(open chains) says no end of them can change the
+// words shown (those are then cut short). The draft model runs the steps where there is one (pastRows keeps its
+// slots): a branch graph's rows share the context's past, a draft or KV graph's get it tiled along the batch axis.
+async function extend(context, chains, stillOpen, nextTokens, settled) {
   const model = context.draft ?? context.model;
-  let rows = chains.map((_, i) => i).filter((i) => stillOpen(chains[i])); // the chain of each batch row
-  if (rows.length === 0 || cutShort(rows.map((i) => chains[i]), settled)) return;
+  let rows = chains.filter(stillOpen); // the chain of each batch row
+  if (rows.length === 0 || cutShort(rows, settled)) return;
   let past = model.pastRows(context.past, rows.map(() => 0));
   for (;;) {
-    const out = await model.run(rows.map((i) => chains[i].tokens[chains[i].tokens.length - 1]), past, rows.length);
-    rows.forEach((i, b) => {
+    const out = await model.run(rows.map((chain) => chain.tokens[chain.tokens.length - 1]), past, rows.length);
+    const grown = [], parents = []; // the chains after this step (forks after their chain), the row each came from
+    rows.forEach((chain, b) => {
       const logits = row(out.logits, out.vocab, b);
-      const t = nextToken(chains[i], logits);
-      chains[i].tokens.push(t);
-      chains[i].probs.push(probabilities(logits)(t));
+      const tokens = chain.tokens.slice(), probs = chain.probs.slice(); // before this step
+      const probability = probabilities(logits);
+      nextTokens(chain, logits).forEach((t, k) => {
+        let target = chain;
+        if (k > 0) { // a fork: a copy of the chain that takes the k-th token instead
+          target = { tokens: tokens.slice(), probs: probs.slice(), forks: [], forked: true };
+          chain.forks.push(target);
+        }
+        target.tokens.push(t);
+        target.probs.push(probability(t));
+        grown.push(target);
+        parents.push(b);
+      });
     });
     const keep = [];
-    rows.forEach((i, b) => { if (stillOpen(chains[i])) keep.push(b); });
-    if (keep.length === 0 || cutShort(keep.map((b) => chains[rows[b]]), settled)) return;
-    past = keep.length < rows.length ? model.pastRows(out.past, keep) : out.past;
-    rows = keep.map((b) => rows[b]);
+    grown.forEach((chain, j) => { if (stillOpen(chain)) keep.push(j); });
+    if (keep.length === 0 || cutShort(keep.map((j) => grown[j]), settled)) return;
+    const pick = keep.map((j) => parents[j]);
+    // rows left or forked: their pasts follow
+    if (pick.length !== rows.length || pick.some((b, j) => b !== j)) past = model.pastRows(out.past, pick);
+    else past = out.past;
+    rows = keep.map((j) => grown[j]);
   }
 }
 
@@ -240,11 +267,11 @@ export function wordsSettled(words, reaches, n) {
   return ranked[n - 1].probability > spare * (1 + 1e-9); // margin: float sums in another order
 }
 
-// The words of the decided chains, in candidate order; chains with the same label are one word, their probabilities
-// added up, inserting what the most probable of them inserts.
+// The words of the decided chains, in candidate order (each chain, then its forks); chains with the same label are
+// one word, their probabilities added up, inserting what the most probable of them inserts.
 function merge(chains, decideTokens, partial) {
   const merged = new Map(); // label -> [word, the probability of its most probable chain]
-  for (const chain of chains) {
+  for (const chain of chains.flatMap((c) => [c, ...c.forks])) {
     const found = firstDecision(chain, decideTokens);
     if (!found) continue; // open, dead, or no word ended within MAX_EXTRA_TOKENS
     const [insert, word, ending, p] = found;
@@ -291,20 +318,30 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   const prefix = cut < ids.length ? tokenizer.decode(ids.slice(cut)) : "";
   const chainText = memoDecoder(tokenizer); // the chains' prefixes are read again at every step
   const decideTokens = (tokens, probs) => decide(tokens, probs, chainText, texts, prefix, partial !== "");
-  const nextToken = (chain, logits) => { // greedy, among the tokens that fit while the taken-back text is unspelled
+  const nextTokens = (chain, logits) => { // greedy; where the word has not started, viable tokens, forking once
     const spelled = chainText.decode(chain.tokens);
-    if (spelled.length >= prefix.length) return argmax(logits);
-    return firstTokens(logits, texts, prefix.slice(spelled.length), 1)[0] ?? argmax(logits);
+    if (spelled.length < prefix.length) { // among the tokens that fit the taken-back text still unspelled
+      return [firstTokens(logits, texts, prefix.slice(spelled.length), 1)[0] ?? argmax(logits)];
+    }
+    const c = spelled.slice(prefix.length).replace(/\ufffd+$/u, "");
+    if ([...c].some(isWordChar)) return [argmax(logits)];
+    const count = chain.forked ? 1 : BRANCHES;
+    chain.forked = true;
+    const found = wordTokens(logits, texts, c, partial !== "", count);
+    return found.length > 0 ? found : [argmax(logits)];
   };
   const chains = [], fresh = [];
   let norm = null; // the first tokens' softmax, taken only if a chain is new
   const probability = (t) => (norm ??= probabilities(logits))(t);
   for (const t of firstTokens(logits, texts, prefix, CANDIDATES, partial !== "")) {
-    const key = `${t} ${prefix.slice(texts[t].length)}`; // a chain depends on its first token and what it must spell
+    // a chain depends on its first token, the text it must spell and whether its word has started (where it forks)
+    const started = [...texts[t].slice(prefix.length)].some(isWordChar);
+    const key = `${t} ${started} ${prefix.slice(texts[t].length)}`;
     let chain = context.chains.get(key);
-    if (!chain || chain.cutShort || (firstDecision(chain, decideTokens) === null
-                                     && chain.tokens.length <= MAX_EXTRA_TOKENS)) {
-      chain = { tokens: [t], probs: [probability(t)] }; // not computed yet, or too short to decide
+    const stale = (member) => member.cutShort || (firstDecision(member, decideTokens) === null
+                                                  && member.tokens.length <= MAX_EXTRA_TOKENS);
+    if (!chain || [chain, ...chain.forks].some(stale)) {
+      chain = { tokens: [t], probs: [probability(t)], forks: [], forked: false }; // new, or too short to decide
       context.chains.set(key, chain);
       fresh.push(chain);
     }
@@ -320,7 +357,7 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   };
   const settled = (openChains) => // the words shown can no longer change: stop extending (docs/keyboard.md step 6)
     wordsSettled(merge(chains, decideTokens, partial), openChains.map((c) => reach(c, chainText, prefix, partial)), n);
-  await extend(context, fresh, stillOpen, nextToken, settled);
+  await extend(context, fresh, stillOpen, nextTokens, settled);
   // Array.prototype.sort is stable: ties keep candidate order
   const words = merge(chains, decideTokens, partial).sort((a, b) => b.probability - a.probability).slice(0, n);
   return { words, ms: performance.now() - t0 };

@@ -2,6 +2,7 @@ package org.hrmedge.core;
 
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -53,6 +54,17 @@ public final class WordSuggester {
         final List<Double> probs = new ArrayList<>();
         /** Left open once the shown words no longer depended on it: computed again if asked for. */
         boolean cutShort;
+        /** Its copies that took the 2nd.. best token where its word had not started (docs/keyboard.md step 6). */
+        final List<Chain> forks = new ArrayList<>();
+        /** It has chosen a token where its word had not started (a chain forks once, a fork never). */
+        boolean forked;
+
+        List<Chain> family() {
+            List<Chain> out = new ArrayList<>();
+            out.add(this);
+            out.addAll(forks);
+            return out;
+        }
     }
 
     /** What a chain says: open (null), dead (DEAD) or a word. */
@@ -72,6 +84,8 @@ public final class WordSuggester {
     static final int CANDIDATES = 4, MAX_EXTRA_TOKENS = 4;
     /** Tokens after the first that may finish spelling the taken-back text (bounds a keystroke's steps). */
     static final int MAX_SPELLING_TOKENS = 3;
+    /** Where a chain's word has not started, it forks into this many chains. */
+    static final int BRANCHES = 2;
     /** The most context a suggestion reads: as accurate as 256 tokens on held-out code, at half the cost. */
     static final int CONTEXT_TOKENS = 128;
     /** Token healing takes back tokens until it holds this many characters of the partial word. */
@@ -110,11 +124,12 @@ public final class WordSuggester {
         String prefix = tokenizer.decode(Arrays.copyOfRange(ids, cut, ids.length));
         List<Chain> list = new ArrayList<>(), fresh = new ArrayList<>();
         for (int t : firstTokens(logits, texts, prefix, CANDIDATES, midWord)) {
-            // a chain depends on its first token and the text it must spell
-            String key = t + " " + prefix.substring(Math.min(texts[t].length(), prefix.length()));
+            // a chain depends on its first token, the text it must spell and whether its word has started (where it
+            // forks)
+            boolean started = hasWordChar(texts[t].substring(Math.min(prefix.length(), texts[t].length())));
+            String key = t + " " + started + " " + prefix.substring(Math.min(texts[t].length(), prefix.length()));
             Chain chain = chains.get(key);
-            if (chain == null || chain.cutShort
-                    || (firstDecision(chain, prefix, midWord) == null && chain.tokens.size() <= MAX_EXTRA_TOKENS)) {
+            if (chain == null || stale(chain, prefix, midWord)) {
                 chain = new Chain(); // not computed yet, or too short to decide
                 chain.tokens.add(t);
                 chain.probs.add(probability(logits, t));
@@ -129,12 +144,24 @@ public final class WordSuggester {
         return new ArrayList<>(out.subList(0, Math.min(n, out.size())));
     }
 
-    /** The words of the decided chains, in candidate order; chains with the same label are one word, their
-     *  probabilities added up, inserting what the most probable of them inserts. */
+    /** Whether a chain computed for an earlier keystroke is computed again: one of its family was cut short, or is
+     *  too short to decide. */
+    private boolean stale(Chain chain, String prefix, boolean midWord) {
+        for (Chain member : chain.family()) {
+            if (member.cutShort || (firstDecision(member, prefix, midWord) == null
+                                    && member.tokens.size() <= MAX_EXTRA_TOKENS)) return true;
+        }
+        return false;
+    }
+
+    /** The words of the decided chains, in candidate order (each chain, then its forks); chains with the same
+     *  label are one word, their probabilities added up, inserting what the most probable of them inserts. */
     private List<Suggestion> merge(List<Chain> list, String prefix, String partial) {
         Map<String, Suggestion> merged = new LinkedHashMap<>();
         Map<String, Double> best = new HashMap<>(); // label -> the probability of its most probable chain
-        for (Chain chain : list) {
+        List<Chain> members = new ArrayList<>();
+        for (Chain chain : list) members.addAll(chain.family());
+        for (Chain chain : members) {
             Decision d = firstDecision(chain, prefix, !partial.isEmpty());
             if (d == null || d == DEAD) continue; // open, dead, or no word ended within MAX_EXTRA_TOKENS
             String label = partial + d.word;
@@ -152,23 +179,27 @@ public final class WordSuggester {
         return new ArrayList<>(merged.values());
     }
 
-    /** Extends the fresh chains one after another, until each has ended or is out of budget; stops, leaving the
+    /** Extends the fresh chains one after another (a chain's forks right after it, while the cache rows after the
+     *  point where they part still hold its tokens), until each has ended or is out of budget; stops, leaving the
      *  open ones cut short, once no end of them can change the n words shown (docs/keyboard.md step 6). */
     private void extendAll(List<Chain> fresh, List<Chain> all, String prefix, String partial, int n) {
         boolean midWord = !partial.isEmpty();
-        for (int i = 0; i < fresh.size(); i++) {
-            Chain chain = fresh.get(i);
+        List<Chain> queue = new ArrayList<>(fresh);
+        for (int i = 0; i < queue.size(); i++) {
+            Chain chain = queue.get(i);
             while (stillOpen(chain, prefix, midWord)) {
                 List<Chain> open = new ArrayList<>();
                 open.add(chain);
-                for (Chain later : fresh.subList(i + 1, fresh.size())) {
+                for (Chain later : queue.subList(i + 1, queue.size())) {
                     if (stillOpen(later, prefix, midWord)) open.add(later); // not extended yet: open
                 }
                 if (settled(all, open, prefix, partial, n)) {
                     for (Chain c : open) c.cutShort = true;
                     return;
                 }
-                step(chain, cached.length, prefix);
+                int forks = chain.forks.size();
+                step(chain, cached.length, prefix, midWord);
+                queue.addAll(i + 1, chain.forks.subList(forks, chain.forks.size()));
             }
         }
     }
@@ -238,19 +269,58 @@ public final class WordSuggester {
         return size - spelling < MAX_EXTRA_TOKENS && decide(chain, size, prefix, midWord) == null;
     }
 
-    /** One greedy token on the chain (its first token at position `position`); while the taken-back text is
-     *  unspelled, only a token that fits it. */
-    private void step(Chain chain, int position, String prefix) {
+    /** One step of the chain (its first token at position `position`): its next token, and the first time its word
+     *  has not started, its forks (copies that take the 2nd.. of nextTokens instead). */
+    private void step(Chain chain, int position, String prefix, boolean midWord) {
         int[] ids = ids(chain, chain.tokens.size());
-        int spelled = tokenizer.decode(ids).length();
         float[] logits = extender.forward(new int[] {ids[ids.length - 1]}, position + ids.length - 1);
-        int t = argmax(logits);
-        if (spelled < prefix.length()) {
-            List<Integer> fit = firstTokens(logits, tokenText, prefix.substring(spelled), 1, null);
-            if (!fit.isEmpty()) t = fit.get(0);
+        List<Integer> next = nextTokens(chain, logits, tokenizer.decode(ids), prefix, midWord);
+        for (int t : next.subList(1, next.size())) {
+            Chain fork = new Chain();
+            fork.tokens.addAll(chain.tokens);
+            fork.probs.addAll(chain.probs);
+            fork.forked = true;
+            fork.tokens.add(t);
+            fork.probs.add(probability(logits, t));
+            chain.forks.add(fork);
         }
-        chain.tokens.add(t);
-        chain.probs.add(probability(logits, t));
+        chain.tokens.add(next.get(0));
+        chain.probs.add(probability(logits, next.get(0)));
+    }
+
+    /** Greedy: while the taken-back text is unspelled, only a token that fits it; where the word has not started,
+     *  the best tokens after which a word can still come (BRANCHES of them the first time: the chain forks once). */
+    private List<Integer> nextTokens(Chain chain, float[] logits, String spelled, String prefix, boolean midWord) {
+        if (spelled.length() < prefix.length()) {
+            List<Integer> fit = firstTokens(logits, tokenText, prefix.substring(spelled.length()), 1, null);
+            return Collections.singletonList(fit.isEmpty() ? argmax(logits) : fit.get(0));
+        }
+        int end = spelled.length();
+        while (end > prefix.length() && spelled.charAt(end - 1) == '\ufffd') end--;
+        String c = spelled.substring(prefix.length(), end);
+        if (hasWordChar(c)) return Collections.singletonList(argmax(logits));
+        int count = chain.forked ? 1 : BRANCHES;
+        chain.forked = true;
+        List<Integer> found = wordTokens(logits, tokenText, c, midWord, count);
+        return found.isEmpty() ? Collections.singletonList(argmax(logits)) : found;
+    }
+
+    /** The count highest-logit tokens (ties: lower id) after which a word can still come from a chain whose text
+     *  past the taken-back one is c (no word character in it yet): readWord(c + text) is not DEAD. */
+    private static List<Integer> wordTokens(float[] logits, String[] texts, String c, boolean midWord, int count) {
+        List<Integer> best = new ArrayList<>();
+        for (int t = 0; t < logits.length; t++) {
+            if (texts[t].isEmpty() || !room(best, t, logits, count)) continue;
+            if (readWord(c + texts[t], midWord) != DEAD) rank(best, t, logits, count);
+        }
+        return best;
+    }
+
+    private static boolean hasWordChar(String text) {
+        for (int i = 0; i < text.length(); i += Character.charCount(text.codePointAt(i))) {
+            if (isWordChar(text.codePointAt(i))) return true;
+        }
+        return false;
     }
 
     /** The chain's first k tokens. */

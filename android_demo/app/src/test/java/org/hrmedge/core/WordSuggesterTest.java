@@ -46,12 +46,15 @@ public class WordSuggesterTest {
     public void ranksWholeWordsByTheProbabilityOfTheirOwnTokens() {
         FakeModel model = new FakeModel();
         List<WordSuggester.Suggestion> words = new WordSuggester(model, TestTokenizer.load()).suggest("c ", 3);
-        // the text's trailing " " is taken back: chains " a" "(", " b" "b" "(", " " "c" " a" follow "c"
+        // the text's trailing " " is taken back: chains " a" "(", " b" "b" "(", " " "c" " a" follow "c"; the word of
+        // " " has not started, so it forks: " " " " "c" " a" (the best token after " " that may start a word, then
+        // the next, " ") is the same chip "c", its probability added
         assertEquals(List.of("a|a|(", "bb|bb|(", "c|c| a"), labels(words));
         double z = Math.exp(2) + Math.exp(1) + Math.exp(0) + 6 * Math.exp(-20);
         assertEquals(Math.exp(2) / z, words.get(0).probability, 1e-12); // the ending "(" does not count
         assertEquals(Math.exp(1) / z * pNext(), words.get(1).probability, 1e-12); // " b", "b"
-        assertEquals(Math.exp(0) / z * pNext(), words.get(2).probability, 1e-12); // " ", "c"
+        double pSpace = Math.exp(-20) / (Math.exp(5) + 8 * Math.exp(-20)); // " " after " "
+        assertEquals(Math.exp(0) / z * pNext() * (1 + pSpace), words.get(2).probability, 1e-15); // " ", ("  "), "c"
         assertEquals("0:1", model.calls.get(0)); // the context "c" at position 0
         assertTrue(model.calls.subList(1, model.calls.size()).stream().allMatch(c -> c.matches("[123]:1")));
     }
@@ -60,12 +63,13 @@ public class WordSuggesterTest {
     public void reusesTheCacheAndTheChainsWhileTheContextIsUnchanged() {
         FakeModel model = new FakeModel();
         WordSuggester s = new WordSuggester(model, TestTokenizer.load());
-        s.suggest("c a c ", 3); // "c", " a", " ", "c", " ": context = the first 4 tokens
-        model.calls.clear();
-        // "c", " a", " ", "c", " b": the same context; the chain of " b" was computed for the text above (reused:
-        // no calls at position 4 for it); " ", a proper prefix of " b", is a new chain that spells "b" (4:1, 5:1)
+        // "c", " a", " ", "c", " b": " b" is taken back (context: the first 4 tokens); its chain, which has not
+        // started a word after the typed "b", forks ("b" "(" and "a" "a"...), and " " spells "b" first
         assertEquals(List.of("bb|b|("), labels(s.suggest("c a c b", 3))); // mid-word: the completed word
-        assertEquals(List.of("4:1", "5:1"), model.calls);
+        assertEquals("0:4", model.calls.get(0));
+        model.calls.clear();
+        assertEquals(List.of("bb|b|("), labels(s.suggest("c a c b", 3)));
+        assertEquals(List.of(), model.calls); // the same context and chains (forks included): nothing runs
     }
 
     @Test
@@ -86,10 +90,10 @@ public class WordSuggesterTest {
                 return 64;
             }
         };
-        // candidates " ", " a", " b" (ties: lower id first), each extended by MAX_EXTRA_TOKENS "a" and still open
+        // candidates " ", " a", " b" (ties: lower id first), each extended by MAX_EXTRA_TOKENS "a" and still open;
+        // " " forks at its first step (" " "a" and " " " "), and its fork runs right after it, from position 2
         assertEquals(List.of(), new WordSuggester(onlyA, TestTokenizer.load()).suggest("c ", 3));
-        assertEquals(1 + 3 * WordSuggester.MAX_EXTRA_TOKENS, starts.size());
-        assertEquals(List.of(0, 1, 2, 3, 4), starts.subList(0, 5)); // context, then one chain's positions
+        assertEquals(List.of(0, 1, 2, 3, 4, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4), starts);
     }
 
     @Test
