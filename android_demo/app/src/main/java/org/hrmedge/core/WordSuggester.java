@@ -13,8 +13,9 @@ import java.util.Map;
  * (hrm_edge/app/web/js/suggest.mjs) and Python (hrm_edge/runtime/suggest.py) compute them; tests/test_keyboard.py
  * checks the three give identical words. The last token, and earlier ones until HEAL_CHARS characters of the
  * word being typed, are taken back (token healing); the {@link #CANDIDATES} most likely first tokens that fit
- * their text are each extended greedily (spelling the rest of it first) until the word they spell has ended (a
- * non-word character follows it); a word still open after {@link #MAX_EXTRA_TOKENS} is dropped. The page extends
+ * their text are each extended greedily (spelling the rest of it first, and forking once where the word has not
+ * started yet) until the word they spell has ended (a non-word character follows it); a word still open after
+ * {@link #MAX_EXTRA_TOKENS} is dropped. The page extends
  * all chains as one batch per step; this StepModel runs one sequence at a time
  * (chain after chain, each overwriting the cache rows after the context), which gives the same words. The chains
  * after their first token run on the draft model where there is one (the first outer cycle, which reads and writes
