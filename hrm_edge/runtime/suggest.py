@@ -28,7 +28,7 @@ CANDIDATES = 4  # first tokens tried: 4, 6 and 8 gave the same top-3 accuracy on
 MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must be seen to end within them
 CONTEXT_TOKENS = 128  # the most context a suggestion reads: as accurate as 256 on held-out code, at half the cost
 MAX_SPELLING_TOKENS = 3  # tokens after the first that may finish spelling the taken-back text (bounds a keystroke)
-BRANCHES = 2  # where a chain's word has not started, it forks into this many chains (top-3 +2.4 points)
+BRANCHES = 2  # where a chain's word has not started, it forks into this many chains (docs/keyboard.md step 6)
 HEAL_CHARS = 2  # token healing takes back tokens until it holds this many characters of the partial word
 SPACES = " \t\n\r\f\v"
 
@@ -117,6 +117,10 @@ def draft_beside(kv_graph: Path, threads: int = 0):
 
 def is_word_char(ch: str) -> bool:
     return ch == "_" or unicodedata.category(ch)[0] in "LN"
+
+
+def has_word_char(text: str) -> bool:
+    return any(is_word_char(ch) for ch in text)
 
 
 def trailing_word(text: str) -> str:
@@ -284,8 +288,8 @@ def extend(context: TypedContext, chains: list[Chain], still_open, next_tokens, 
         keep = [j for j, chain in enumerate(grown) if still_open(chain)]
         if not keep or cut_short([grown[j] for j in keep], settled):
             return
-        if [parents[j] for j in keep] != list(range(len(rows))):  # rows left or forked: their pasts follow
-            pick = [parents[j] for j in keep]
+        pick = [parents[j] for j in keep]
+        if pick != list(range(len(rows))):  # rows left or forked: their pasts follow
             past_k, past_v = np.ascontiguousarray(past_k[:, pick]), np.ascontiguousarray(past_v[:, pick])
         rows = [grown[j] for j in keep]
 
@@ -329,10 +333,18 @@ def words_settled(words: list[Word], reaches: list[tuple[str, float]], n: int) -
     return ranked[n - 1].probability > spare * (1 + 1e-9)  # margin: float sums in another order
 
 
+def stale(chain: Chain, decide_tokens) -> bool:
+    """Whether a chain computed for an earlier keystroke is computed again: it or a fork was cut short, or is too
+    short to decide."""
+    return any(member.cut_short or (first_decision(member, decide_tokens) is None
+                                    and len(member.tokens) <= MAX_EXTRA_TOKENS) for member in chain.family())
+
+
 def merge(chains: list[Chain], decide_tokens, partial: str) -> list[Word]:
     """The words of the decided chains, in candidate order (each chain, then its forks); chains with the same label
     are one word, their probabilities added up, inserting what the most probable of them inserts (step 9)."""
-    merged: dict[str, tuple[Word, float]] = {}  # label -> (word, probability of its most probable chain)
+    merged: dict[str, Word] = {}
+    best: dict[str, float] = {}  # label -> the probability of its most probable chain
     for chain in [member for chain in chains for member in chain.family()]:
         found = first_decision(chain, decide_tokens)
         if not found:
@@ -340,14 +352,12 @@ def merge(chains: list[Chain], decide_tokens, partial: str) -> list[Word]:
         insert, word, ending, probability = found
         label = partial + word if partial else word
         if label not in merged:
-            merged[label] = (Word(label, insert, probability, ending), probability)
+            merged[label], best[label] = Word(label, insert, probability, ending), probability
             continue
-        known, best = merged[label]
-        known.probability += probability
-        if probability > best:
-            known.insert, known.ending = insert, ending
-            merged[label] = (known, probability)
-    return [word for word, _ in merged.values()]
+        merged[label].probability += probability
+        if probability > best[label]:
+            merged[label].insert, merged[label].ending, best[label] = insert, ending, probability
+    return list(merged.values())
 
 
 def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Suggestions:
@@ -371,7 +381,7 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
             rest = prefix[len(spelled):]
             return (first_tokens(row, texts, rest, 1, context.tokens_starting(rest)) or [int(np.argmax(row))])[:1]
         c = spelled[len(prefix):].rstrip("\ufffd")
-        if any(is_word_char(ch) for ch in c):
+        if has_word_char(c):
             return [int(np.argmax(row))]
         count, chain.forked = 1 if chain.forked else BRANCHES, True
         return word_tokens(row, texts, c, partial != "", count) or [int(np.argmax(row))]
@@ -379,11 +389,9 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
     chains, fresh = [], []
     for t in first_tokens(logits, texts, prefix, CANDIDATES, context.tokens_starting(prefix), partial != ""):
         # a chain depends on its first token, the text it must spell and whether its word has started (where it forks)
-        key = (t, prefix[len(texts[t]):], any(is_word_char(ch) for ch in texts[t][len(prefix):]))
+        key = (t, prefix[len(texts[t]):], has_word_char(texts[t][len(prefix):]))
         chain = context.chains.get(key)
-        if chain is None or any(member.cut_short or (first_decision(member, decide_tokens) is None
-                                                     and len(member.tokens) <= MAX_EXTRA_TOKENS)
-                                for member in chain.family()):
+        if chain is None or stale(chain, decide_tokens):
             chain = context.chains[key] = Chain([t], [float(p[t])])  # not computed yet, or too short to decide
             fresh.append(chain)
         chains.append(chain)

@@ -66,6 +66,7 @@ export class TypedContext {
 }
 
 const isWordChar = (ch) => WORD_CHAR.test(ch);
+const hasWordChar = (text) => [...text].some(isWordChar);
 
 // The word characters at the end of `text` (the word being typed; "" after a space or a symbol).
 export function trailingWord(text) {
@@ -324,7 +325,7 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
       return [firstTokens(logits, texts, prefix.slice(spelled.length), 1)[0] ?? argmax(logits)];
     }
     const c = spelled.slice(prefix.length).replace(/\ufffd+$/u, "");
-    if ([...c].some(isWordChar)) return [argmax(logits)];
+    if (hasWordChar(c)) return [argmax(logits)];
     const count = chain.forked ? 1 : BRANCHES;
     chain.forked = true;
     const found = wordTokens(logits, texts, c, partial !== "", count);
@@ -333,13 +334,13 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   const chains = [], fresh = [];
   let norm = null; // the first tokens' softmax, taken only if a chain is new
   const probability = (t) => (norm ??= probabilities(logits))(t);
+  // a chain of an earlier keystroke is computed again if it or a fork was cut short or is too short to decide
+  const stale = (member) => member.cutShort || (firstDecision(member, decideTokens) === null
+                                                && member.tokens.length <= MAX_EXTRA_TOKENS);
   for (const t of firstTokens(logits, texts, prefix, CANDIDATES, partial !== "")) {
     // a chain depends on its first token, the text it must spell and whether its word has started (where it forks)
-    const started = [...texts[t].slice(prefix.length)].some(isWordChar);
-    const key = `${t} ${started} ${prefix.slice(texts[t].length)}`;
+    const key = `${t} ${hasWordChar(texts[t].slice(prefix.length))} ${prefix.slice(texts[t].length)}`;
     let chain = context.chains.get(key);
-    const stale = (member) => member.cutShort || (firstDecision(member, decideTokens) === null
-                                                  && member.tokens.length <= MAX_EXTRA_TOKENS);
     if (!chain || [chain, ...chain.forks].some(stale)) {
       chain = { tokens: [t], probs: [probability(t)], forks: [], forked: false }; // new, or too short to decide
       context.chains.set(key, chain);
