@@ -87,18 +87,20 @@ def typed(start: str, keys: str) -> list[str]:
     return [start + keys[:i] for i in range(len(keys) + 1)]
 
 
-def python_words(tokenizer, allowed, draft_calls: list | None = None) -> list:
+def python_words(tokenizer, allowed, draft_calls: list | None = None, model_calls: list | None = None) -> list:
     """The words at every keystroke of SESSIONS, the chains extended by the draft fixture (as the page does);
-    draft_calls, if given, receives each of the draft's calls (batch, seq)."""
+    draft_calls / model_calls, if given, receive each of the draft's / the model's calls (batch, seq)."""
     out = []
     for start, keys in SESSIONS:
         vocab = tokenizer.get_vocab_size()
-        draft = HashStepModel(allowed, vocab, seed=DRAFT_SEED)
-        context = TypedContext(HashStepModel(allowed, vocab), draft)
+        model, draft = HashStepModel(allowed, vocab), HashStepModel(allowed, vocab, seed=DRAFT_SEED)
+        context = TypedContext(model, draft)
         out.append([[[w.label, w.insert, w.probability, w.ending] for w in suggest_words(context, tokenizer, text).words]
                     for text in typed(start, keys)])
         if draft_calls is not None:
             draft_calls += draft.calls
+        if model_calls is not None:
+            model_calls += model.calls
     return out
 
 
@@ -170,6 +172,24 @@ def test_batched_steps_and_reused_chains(tokenizer, allowed):
     assert model.calls == [] and again.words == first.words  # same context: cache and chains reused
     # the same chains without reuse (a fresh context) give the same words
     assert suggest_words(TypedContext(model), tokenizer, "import os\ndef get").words == first.words
+
+
+def test_a_context_gone_back_to_is_not_run_again(tokenizer, allowed):
+    vocab = tokenizer.get_vocab_size()
+    texts = ["import os\ndef g", "import os\ndef ge", "import os\ndef get"]
+    contexts = [tuple(ids[:healed(tokenizer, t, ids)[1]]) for t in texts
+                for ids in [tokenizer.encode(t, add_special_tokens=False).ids]]
+    assert contexts[2] == contexts[0] and len(contexts[1]) > len(contexts[0])  # healing takes back " ge"'s token
+    model, draft = HashStepModel(allowed, vocab), HashStepModel(allowed, vocab, seed=DRAFT_SEED)
+    context = TypedContext(model, draft)
+    for text in texts[:2]:
+        suggest_words(context, tokenizer, text)
+    model.calls.clear()
+    words = suggest_words(context, tokenizer, texts[2]).words
+    assert model.calls == [] and context.ids == list(contexts[2])  # its logits and chains were kept
+    fresh = TypedContext(HashStepModel(allowed, vocab), HashStepModel(allowed, vocab, seed=DRAFT_SEED))
+    assert words == suggest_words(fresh, tokenizer, texts[2]).words  # the cache cut back right
+    assert not context.recent  # the longer context is not kept: its cache is cut off
 
 
 def test_the_draft_model_extends_the_chains(tokenizer, allowed):
@@ -365,12 +385,14 @@ def assert_same_words(got: list, want: list, who: str):
 
 
 def test_javascript_gives_the_same_words(tokenizer, allowed, tmp_path):
-    draft_calls = []
-    want = python_words(tokenizer, allowed, draft_calls)
+    draft_calls, model_calls = [], []
+    want = python_words(tokenizer, allowed, draft_calls, model_calls)
     sessions = node_words(tokenizer, allowed, tmp_path)
     assert_same_words([[step["words"] for step in steps] for steps in sessions], want, "suggest.mjs")
-    # the same batches: the same chains cut short at the same step (the words would be the same either way)
+    # the same batches: the same chains cut short at the same step (the words would be the same either way), and
+    # the same context runs (none where a keystroke goes back to a recent context)
     assert [tuple(c) for steps in sessions for step in steps for c in step["draftCalls"]] == draft_calls
+    assert [tuple(c) for steps in sessions for step in steps for c in step["calls"]] == model_calls
 
 
 
@@ -382,7 +404,9 @@ def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path, monkey
     proc = java(classes, "org.hrmedge.core.CoreCli", "suggest", TOKENIZER, job)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
-    assert_same_words(out["sequences"], python_words(tokenizer, allowed), "WordSuggester.java")
+    model_calls = []
+    assert_same_words(out["sequences"], python_words(tokenizer, allowed, model_calls=model_calls), "WordSuggester.java")
+    assert out["model_calls"] == len(model_calls)  # the same context runs (none back to a recent context)
     # Java runs the chains one after another, a call per row and step: fewer calls than the rows of the batches
     # that extend every chain to its end means chains were cut short there too
     import hrm_edge.runtime.suggest as suggest

@@ -29,6 +29,7 @@ MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must b
 CONTEXT_TOKENS = 128  # the most context a suggestion reads: as accurate as 256 on held-out code, at half the cost
 MAX_SPELLING_TOKENS = 3  # tokens after the first that may finish spelling the taken-back text (bounds a keystroke)
 BRANCHES = 2  # where a chain's word has not started, it forks into this many chains (docs/keyboard.md step 6)
+RECENT_CONTEXTS = 4  # earlier contexts whose logits and chains are kept, for a keystroke that goes back to one
 HEAL_CHARS = 2  # token healing takes back tokens until it holds this many characters of the partial word
 SPACES = " \t\n\r\f\v"
 
@@ -71,6 +72,10 @@ class TypedContext:
         self.past_k, self.past_v = step_model.empty_past()
         self.logits = None  # [V] of the last position
         self.chains: dict[tuple, Chain] = {}  # (first token, text still to spell) -> its chain, for self.ids
+        # (ids) -> (logits, chains) of earlier contexts that are shorter prefixes of self.ids, newest last: healing
+        # takes back a token that typing had committed ("evaluatio" -> "evaluation"), and the keystroke after
+        # goes back to the context of two keystrokes before, whose cache is the first positions of this one
+        self.recent: dict[tuple, tuple] = {}
         self._texts, self._by_first = (None, []), {}
 
     def update(self, ids: list[int]) -> np.ndarray:
@@ -80,11 +85,21 @@ class TypedContext:
             common += 1
         if common == len(ids) == len(self.ids) and self.logits is not None:
             return self.logits
-        common = min(common, len(ids) - 1)  # the last token runs again to give its logits
-        k, v = self.past_k[:, :, :, :common], self.past_v[:, :, :, :common]
-        logits, self.past_k, self.past_v = self.model.run(np.array([ids[common:]], np.int64),
-                                                          np.ascontiguousarray(k), np.ascontiguousarray(v))
-        self.ids, self.logits, self.chains = list(ids), logits[0, -1], {}
+        earlier = self.recent.pop(tuple(ids), None) if common == len(ids) else None
+        if self.logits is not None:
+            self.recent[tuple(self.ids)] = (self.logits, self.chains)
+        if earlier is not None:  # back to a recent context: its cache is the first positions of this one
+            self.past_k = np.ascontiguousarray(self.past_k[:, :, :, :len(ids)])
+            self.past_v = np.ascontiguousarray(self.past_v[:, :, :, :len(ids)])
+            self.ids, (self.logits, self.chains) = list(ids), earlier
+        else:
+            common = min(common, len(ids) - 1)  # the last token runs again to give its logits
+            k, v = self.past_k[:, :, :, :common], self.past_v[:, :, :, :common]
+            logits, self.past_k, self.past_v = self.model.run(np.array([ids[common:]], np.int64),
+                                                              np.ascontiguousarray(k), np.ascontiguousarray(v))
+            self.ids, self.logits, self.chains = list(ids), logits[0, -1], {}
+        kept = [key for key in self.recent if len(key) < len(ids) and list(key) == self.ids[:len(key)]]
+        self.recent = {key: self.recent[key] for key in kept[max(0, len(kept) - RECENT_CONTEXTS):]}
         return self.logits
 
     def token_texts(self, tokenizer, vocab: int) -> list[str]:

@@ -20,6 +20,7 @@ export const MAX_EXTRA_TOKENS = 4; // greedy decode steps after the first token
 export const CONTEXT_TOKENS = 128; // the most context a suggestion reads (as accurate as 256, half the cost)
 export const MAX_SPELLING_TOKENS = 3; // tokens after the first that may finish spelling the taken-back text
 export const BRANCHES = 2; // where a chain's word has not started, it forks into this many chains
+export const RECENT_CONTEXTS = 4; // earlier contexts whose logits and chains are kept, for a return to one
 export const HEAL_CHARS = 2; // token healing takes back tokens until it holds this many characters of the word
 const SPACES = " \t\n\r\f\v";
 const WORD_CHAR = /^[\p{L}\p{N}_]/u;
@@ -37,6 +38,9 @@ export class TypedContext {
     this.past = model.emptyPast();
     this.logits = null; // of the last position
     this.chains = new Map(); // "firstToken textStillToSpell" -> {tokens, probs}, for this.ids
+    // "ids" -> {logits, chains} of earlier contexts that are shorter prefixes of this.ids, newest last: after
+    // healing takes back a token that typing had committed, a keystroke goes back to the context of two before
+    this.recent = new Map();
     this.texts = null; // [tokenizer, text of every token id]
   }
 
@@ -45,12 +49,24 @@ export class TypedContext {
     let common = 0;
     while (common < ids.length && common < this.ids.length && ids[common] === this.ids[common]) common++;
     if (common === ids.length && common === this.ids.length && this.logits) return this.logits;
-    common = Math.min(common, ids.length - 1); // the last token runs again to give its logits
-    const out = await this.model.run(ids.slice(common), this.model.slicePast(this.past, common));
-    this.ids = ids.slice();
-    this.past = out.past;
-    this.logits = row(out.logits, out.vocab, ids.length - 1 - common);
-    this.chains = new Map();
+    const key = ids.join(","), earlier = common === ids.length ? this.recent.get(key) : undefined;
+    this.recent.delete(key);
+    if (this.logits) this.recent.set(this.ids.join(","), { logits: this.logits, chains: this.chains });
+    if (earlier) { // back to a recent context: its cache is the first positions of this one
+      this.past = this.model.slicePast(this.past, ids.length);
+      this.ids = ids.slice();
+      ({ logits: this.logits, chains: this.chains } = earlier);
+    } else {
+      common = Math.min(common, ids.length - 1); // the last token runs again to give its logits
+      const out = await this.model.run(ids.slice(common), this.model.slicePast(this.past, common));
+      this.ids = ids.slice();
+      this.past = out.past;
+      this.logits = row(out.logits, out.vocab, ids.length - 1 - common);
+      this.chains = new Map();
+    }
+    const now = this.ids.join(","); // only a shorter prefix of the context can be gone back to
+    const kept = [...this.recent.keys()].filter((k) => now.startsWith(k + ","));
+    this.recent = new Map(kept.slice(Math.max(0, kept.length - RECENT_CONTEXTS)).map((k) => [k, this.recent.get(k)]));
     return this.logits;
   }
 

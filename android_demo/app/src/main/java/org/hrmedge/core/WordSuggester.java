@@ -89,6 +89,8 @@ public final class WordSuggester {
     static final int BRANCHES = 2;
     /** The most context a suggestion reads: as accurate as 256 tokens on held-out code, at half the cost. */
     static final int CONTEXT_TOKENS = 128;
+    /** Earlier contexts whose logits and chains are kept, for a keystroke that goes back to one. */
+    static final int RECENT_CONTEXTS = 4;
     /** Token healing takes back tokens until it holds this many characters of the partial word. */
     static final int HEAL_CHARS = 2;
     private static final String SPACES = " \t\n\r\f\013"; // \013: vertical tab
@@ -99,6 +101,19 @@ public final class WordSuggester {
     private int[] cached = new int[0]; // the context ids whose KV rows the program holds
     private float[] cachedLogits;
     private Map<String, Chain> chains = new HashMap<>(); // "firstToken textStillToSpell" -> chain, for `cached`
+    // "ids" -> the logits and chains of earlier contexts that are shorter prefixes of `cached`, newest last: after
+    // healing takes back a token that typing had committed, a keystroke goes back to the context of two before
+    private final LinkedHashMap<String, Recent> recent = new LinkedHashMap<>();
+
+    private static final class Recent {
+        final float[] logits;
+        final Map<String, Chain> chains;
+
+        Recent(float[] logits, Map<String, Chain> chains) {
+            this.logits = logits;
+            this.chains = chains;
+        }
+    }
 
     public WordSuggester(StepModel model, ByteLevelBpe tokenizer) {
         this(model, null, tokenizer);
@@ -238,16 +253,33 @@ public final class WordSuggester {
         return ranked.get(n - 1).probability > spare * (1 + 1e-9); // margin: float sums in another order
     }
 
-    /** Run the context, reusing the cached rows of its common prefix; returns the last position's logits. */
+    /** Run the context, reusing the cached rows of its common prefix (or, for a recent context, its logits and
+     *  chains: the rows of a prefix do not depend on what follows it); returns the last position's logits. */
     private float[] advance(int[] ids) {
         int common = 0;
         while (common < ids.length && common < cached.length && ids[common] == cached[common]) common++;
         if (common == ids.length && common == cached.length && cachedLogits != null) return cachedLogits;
-        common = Math.min(common, ids.length - 1); // the last token runs again to give its logits
-        cachedLogits = model.forward(Arrays.copyOfRange(ids, common, ids.length), common);
+        Recent earlier = common == ids.length ? recent.remove(key(ids)) : null;
+        if (cachedLogits != null) recent.put(key(cached), new Recent(cachedLogits, chains));
+        if (earlier != null) {
+            cachedLogits = earlier.logits;
+            chains = earlier.chains;
+        } else {
+            common = Math.min(common, ids.length - 1); // the last token runs again to give its logits
+            cachedLogits = model.forward(Arrays.copyOfRange(ids, common, ids.length), common);
+            chains = new HashMap<>();
+        }
         cached = ids.clone();
-        chains = new HashMap<>();
+        String now = key(cached) + ","; // only a shorter prefix of the context can be gone back to
+        recent.keySet().removeIf(k -> !now.startsWith(k + ","));
+        while (recent.size() > RECENT_CONTEXTS) recent.remove(recent.keySet().iterator().next()); // the oldest
         return cachedLogits;
+    }
+
+    private static String key(int[] ids) {
+        StringBuilder out = new StringBuilder();
+        for (int i = 0; i < ids.length; i++) out.append(i > 0 ? "," : "").append(ids[i]);
+        return out.toString();
     }
 
     /** Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back

@@ -18,7 +18,8 @@ import java.util.StringJoiner;
  *                                    JSON string per text
  *   suggest TOKENIZER_JSON JOB       job: {vocab, allowed, max_seq_len, draft_seed, sequences: [[text, ...], ...]};
  *                                    prints {"sequences": each text's words [label, insert, probability, ending],
- *                                    "draft_calls": the draft's forward calls in all} from WordSuggester on
+ *                                    "draft_calls" / "model_calls": the draft's / the model's forward calls in
+ *                                    all} from WordSuggester on
  *                                    HashStepModel (chains on a draft HashStepModel of seed draft_seed, unless
  *                                    null), one suggester (cache) per sequence
  *   heal TOKENIZER_JSON CASES        cases: a JSON array of {text, logits, generated, penalty}; per case prints the
@@ -82,7 +83,7 @@ public final class CoreCli {
         int[] allowed = new int[allowedList.size()];
         for (int i = 0; i < allowed.length; i++) allowed[i] = (int) Json.number(allowedList.get(i));
         StringJoiner sequences = new StringJoiner(",", "[", "]");
-        int draftCalls = 0;
+        int draftCalls = 0, modelCalls = 0;
         for (Object texts : Json.array(job.get("sequences"))) {
             HashStepModel model = new HashStepModel((int) Json.number(job.get("vocab")), allowed,
                     (int) Json.number(job.get("max_seq_len")));
@@ -99,8 +100,10 @@ public final class CoreCli {
             }
             sequences.add(steps.toString());
             draftCalls += draft == null ? 0 : draft.calls;
+            modelCalls += model.calls;
         }
-        return "{\"sequences\":" + sequences + ",\"draft_calls\":" + draftCalls + "}";
+        return "{\"sequences\":" + sequences + ",\"draft_calls\":" + draftCalls + ",\"model_calls\":" + modelCalls
+                + "}";
     }
 
     /** A JSON string literal (non-ASCII escaped, so the console encoding cannot alter it). */
