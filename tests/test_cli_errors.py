@@ -96,7 +96,7 @@ COMMANDS = {
     "peers": ("hrm_edge.measure.peers", "--out --shape --build-only --threads --prompt-len --new-tokens --repeats "
               "--no-weight-cache --json --verbose"),
     "evaluate": ("hrm_edge.measure.evaluate", "--corpus --max-bytes --seq-len --samples --threads --out --depth-curve "
-                 "--keyboard --keyboard-chars --ngram --keyboard-graph --repetition"),
+                 "--keyboard --keyboard-chars --keyboard-sample --ngram --keyboard-graph --repetition"),
     "study": ("hrm_edge.measure.study", "--budget --out --only --resume --corpus --threads --decode-threads "
               "--decode-ablations --train-only --no-progress --verbose"),
     "sysdeps": ("hrm_edge.verify.sysdeps", "--check"),

@@ -109,6 +109,19 @@ def test_cut_texts():
     assert K.cut_texts(["abcdef"], 4) == ["abcd"]
 
 
+def test_spread_texts(monkeypatch):
+    monkeypatch.setattr(K, "PIECE_CHARS", 10)
+    conf = "# conf\n" * 3  # a first file of boilerplate, 21 characters
+    code = "".join(f"line{i:02d}\n" for i in range(40))  # 280 characters of 7-character lines
+    pieces = K.spread_texts([conf, code], 20)
+    # 2 pieces of 10 characters, from the middles of the halves of the 301 characters: 75 and 225, each from the
+    # line start at or after it (code's characters 54 and 204: lines 08 and 30 start at 56 and 210), cut at a line end
+    assert pieces == ["line08\n", "line30\n"]
+    assert K.spread_texts([conf, code], 301) == [conf, code]  # all of a text no longer than asked
+    assert K.spread_texts([conf, code], 25) == ["line05\n", "line19\n", "line33\n"]  # 50, 150, 250: 9, 8, 8 a piece
+    assert K.spread_texts(["ab\ncd\n", "efgh\nij\n"], 4) == ["ij\n"]  # runs on into the next file's lines
+
+
 def write_built_corpus(root, projects):
     """A built corpus folder: {split}/{project}/{path} and a record whose sha256 matches the files."""
     entries = []
@@ -132,7 +145,7 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(K, "model_suggester", lambda path, onnx=None, threads=1: lambda text: ["os"])
     out = tmp_path / "out"
     assert evaluate_main([str(tmp_path / "ckpt"), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--out",
-                          str(out), "--keyboard-chars", "60"]) == 0
+                          str(out), "--keyboard-chars", "60", "--keyboard-sample", "start"]) == 0  # its first 60
     record = json.loads((out / "keyboard.json").read_text())
     ngram = record["ngram"]
     assert ngram["bytes"] == (out / K.NGRAM_FILE).stat().st_size and ngram["order"] in (2, 3)

@@ -25,7 +25,7 @@ import numpy as np
 
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text
-from hrm_edge.measure.keyboard import KEYBOARD_CHARS, cut_texts, run_keyboard
+from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.model.checkpoint import TOKENIZER, load_model
 from hrm_edge.runtime.decoders import Sampling, generate
 from hrm_edge.train.dataset import encode_documents, heldout_projects, xz_bits_per_byte
@@ -145,7 +145,12 @@ def main(argv=None) -> int:
                    "checkpoints next to a word n-gram keyboard (docs/keyboard-evaluation.md); writes keyboard.json, "
                    "keyboard.md and the n-gram's file into --out")
     p.add_argument("--keyboard-chars", type=int, default=KEYBOARD_CHARS,
-                   help=f"--keyboard: characters typed per held-out project (default {KEYBOARD_CHARS})")
+                   help=f"--keyboard: characters typed per held-out project (default {KEYBOARD_CHARS}; spread: in "
+                        f"pieces of {PIECE_CHARS} from the middles of equal stretches of its files)")
+    p.add_argument("--keyboard-sample", choices=("spread", "start"), default="spread",
+                   help="--keyboard: where each project's text comes from: pieces spread over its files (default), "
+                        "or its first files from their start (the measure before 2026-12-03, dominated by a "
+                        "project's first files: a Sphinx conf.py, an __init__.py of imports)")
     p.add_argument("--ngram", type=Path, help="--keyboard: the n-gram keyboard's file, loaded if it exists, else "
                    "trained on the corpus's training split and saved there (default: OUT/keyboard-ngram.npz)")
     p.add_argument("--keyboard-graph", type=Path, help="--keyboard: suggest through this exported KV graph (e.g. the "
@@ -171,7 +176,8 @@ def main(argv=None) -> int:
     if a.keyboard:
         if a.keyboard_chars < 1:
             raise UserError("--keyboard-chars must be >= 1")
-        projects = [ProjectText(name, cut_texts([t for _, t in docs], a.keyboard_chars))
+        sample = spread_texts if a.keyboard_sample == "spread" else cut_texts
+        projects = [ProjectText(name, sample([t for _, t in docs], a.keyboard_chars))
                     for name, docs in sorted(heldout_projects(a.corpus).items())]
         if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()):
             raise UserError("--keyboard-graph takes one checkpoint and an existing .onnx KV graph")

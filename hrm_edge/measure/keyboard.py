@@ -30,6 +30,7 @@ from hrm_edge.train.dataset import built_corpus_root, read_built_corpus
 Suggester = Callable[[str], list[str]]
 SUGGESTIONS = 3  # words on the bar
 KEYBOARD_CHARS = 4_000  # default text per held-out project
+PIECE_CHARS = 1_000  # a project's text is typed in pieces of this many characters spread over its files
 NGRAM_FILE = "keyboard-ngram.npz"
 NGRAM_MAX_BYTES = 10_000_000  # phone keyboards ship n-gram LMs of at most ~10 MB
 NGRAM_VOCAB = 50_000  # tokens (words and punctuation runs) the n-gram keyboard knows
@@ -124,6 +125,28 @@ def cut_texts(texts: list[str], max_chars: int) -> list[str]:
     return out
 
 
+def spread_texts(texts: list[str], max_chars: int) -> list[str]:
+    """About max_chars characters of a project's files (laid end to end in their order) in ceil(max_chars /
+    PIECE_CHARS) pieces, one from the middle of each of that many equal stretches of the text: each piece starts at
+    the first line start at or after its stretch's midpoint and runs on (into the next files) for its share, cut at
+    a line end (cut_texts). A project's first files are often a Sphinx conf.py or an __init__.py of imports, a
+    percent of its text: its first max_chars characters would measure those alone. All of a shorter text."""
+    ends = np.cumsum([len(t) for t in texts])  # [F] where each file ends in the laid-out text
+    if not texts or ends[-1] <= max_chars:
+        return [t for t in texts if t]
+    pieces, out = -(-max_chars // PIECE_CHARS), []
+    for k in range(pieces):
+        at = (2 * k + 1) * int(ends[-1]) // (2 * pieces)
+        f = int(np.searchsorted(ends, at, side="right"))  # the file that holds character `at`
+        text, start = texts[f], at - (int(ends[f - 1]) if f else 0)
+        if start:  # the line start at or after it (the file's end if none)
+            newline = text.find("\n", start - 1)
+            start = newline + 1 if newline >= 0 else len(text)
+        share = max_chars // pieces + (k < max_chars % pieces)
+        out += [t for t in cut_texts([text[start:]] + texts[f + 1:], share) if t]
+    return out
+
+
 def evaluate_keyboards(suggesters: dict[str, Suggester], projects: list, progress: bool = True) -> dict:
     """{suggester: {project: Tally}} for projects with .name and .texts."""
     words = sum(len(WORD.findall(t)) for p in projects for t in p.texts)
@@ -192,7 +215,7 @@ def choose_order(projects: dict[str, list[str]], max_bytes: int, progress: bool)
     dev = by_hash[: min(DEV_PROJECTS, len(projects) // 2)]
     vocab, counts = ngram_counts([t for p, ts in projects.items() if p not in dev for t in ts], max(NGRAM_ORDERS),
                                  progress)
-    dev_texts = [Project(p, cut_texts(projects[p], DEV_CHARS)) for p in dev]
+    dev_texts = [Project(p, spread_texts(projects[p], DEV_CHARS)) for p in dev]
     trials = []
     for order in NGRAM_ORDERS:
         model, size = fit(counts, vocab, order, max_bytes)
