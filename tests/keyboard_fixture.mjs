@@ -7,6 +7,7 @@ import { Tokenizer } from "@huggingface/tokenizers";
 
 globalThis.location = { search: "" }; // model.mjs reads the page's URL
 const { TypedContext, suggestWords } = await import("./js/suggest.mjs");
+const { keptStartEncoder } = await import("./js/model.mjs");
 
 // lowbias32: a 32-bit integer hash, the same uint32 arithmetic in Python, JS and Java
 function mix(x) {
@@ -58,12 +59,13 @@ class HashModel {
 
 const job = JSON.parse(readFileSync(process.argv[2], "utf8"));
 const hf = new Tokenizer(JSON.parse(readFileSync(job.tokenizer, "utf8")), { clean_up_tokenization_spaces: false });
-const tokenizer = { // what the page's loadTokenizer returns
-  encode: (text) => hf.encode(text, { add_special_tokens: false }).ids,
-  decode: (ids) => hf.decode(ids, { skip_special_tokens: true }),
-};
+const encodeAll = (text) => hf.encode(text, { add_special_tokens: false }).ids;
 const out = [];
 for (const texts of job.sequences) { // one typing session (one cache) per sequence
+  const tokenizer = { // what the page's loadTokenizer returns
+    encode: keptStartEncoder(encodeAll),
+    decode: (ids) => hf.decode(ids, { skip_special_tokens: true }),
+  };
   const model = new HashModel(job.vocab, job.allowed, job.max_seq_len);
   const draft = job.draft_seed === null ? null : new HashModel(job.vocab, job.allowed, job.max_seq_len, job.draft_seed);
   const context = new TypedContext(model, draft);
@@ -73,7 +75,8 @@ for (const texts of job.sequences) { // one typing session (one cache) per seque
     if (draft) draft.calls = [];
     const { words } = await suggestWords(context, tokenizer, text, 3);
     steps.push({ words: words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls: model.calls,
-                 draftCalls: draft ? draft.calls : [] });
+                 draftCalls: draft ? draft.calls : [], keptChars: tokenizer.encode.keptChars(),
+                 sameIds: JSON.stringify(tokenizer.encode(text)) === JSON.stringify(encodeAll(text)) });
   }
   out.push(steps);
 }

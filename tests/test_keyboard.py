@@ -357,7 +357,9 @@ def test_chains_with_the_same_word_are_one_chip(tokenizer):
 
 
 # ---- the same words from JS (node) and Java ----
-def node_words(tokenizer, allowed, tmp_path) -> list:
+def page_modules(tmp_path) -> str:
+    """node's path, with the page's js/ folder, keyboard_fixture.mjs and a node_modules of the page's pinned packages
+    in tmp_path."""
     from hrm_edge.app.demo import WEB_DIR, web_packages
 
     node = shutil.which("node")
@@ -366,6 +368,11 @@ def node_words(tokenizer, allowed, tmp_path) -> list:
     shutil.copytree(WEB_DIR / "js", tmp_path / "js")
     shutil.copyfile(REPO / "tests" / "keyboard_fixture.mjs", tmp_path / "keyboard_fixture.mjs")
     (tmp_path / "node_modules").symlink_to(web_packages(log=lambda *_: None))
+    return node
+
+
+def node_words(tokenizer, allowed, tmp_path) -> list:
+    node = page_modules(tmp_path)
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"tokenizer": str(TOKENIZER), "vocab": tokenizer.get_vocab_size(), "allowed": allowed,
                                "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED,
@@ -389,11 +396,48 @@ def test_javascript_gives_the_same_words(tokenizer, allowed, tmp_path):
     want = python_words(tokenizer, allowed, draft_calls, model_calls)
     sessions = node_words(tokenizer, allowed, tmp_path)
     assert_same_words([[step["words"] for step in steps] for steps in sessions], want, "suggest.mjs")
+    # the page's tokenizer kept the start of the long text and encoded its end only, to the same ids
+    assert all(step["sameIds"] for steps in sessions for step in steps)
+    assert max(step["keptChars"] for steps in sessions for step in steps) > 0
     # the same batches: the same chains cut short at the same step (the words would be the same either way), and
     # the same context runs (none where a keystroke goes back to a recent context)
     assert [tuple(c) for steps in sessions for step in steps for c in step["draftCalls"]] == draft_calls
     assert [tuple(c) for steps in sessions for step in steps for c in step["calls"]] == model_calls
 
+
+
+ENCODE_JOB = """import { readFileSync } from "node:fs";
+import { Tokenizer } from "@huggingface/tokenizers";
+globalThis.location = { search: "" }; // model.mjs reads the page's URL
+const { keptStartEncoder } = await import("./js/model.mjs");
+const [tokenizerPath, textsPath] = process.argv.slice(2);
+const hf = new Tokenizer(JSON.parse(readFileSync(tokenizerPath, "utf8")), { clean_up_tokenization_spaces: false });
+const encodeAll = (text) => hf.encode(text, { add_special_tokens: false }).ids;
+let encoded = 0, same = 0;
+const encode = keptStartEncoder((text) => { encoded += text.length; return encodeAll(text); });
+const texts = JSON.parse(readFileSync(textsPath, "utf8"));
+for (const text of texts) same += JSON.stringify(encode(text)) === JSON.stringify(encodeAll(text));
+console.log(JSON.stringify({ same, encoded }));
+"""
+
+
+def test_the_page_encodes_the_end_of_a_typed_text(tmp_path):
+    """The page's tokenizer (keptStartEncoder, model.mjs) typing code a key at a time, deleting and typing again:
+    encodeAll's ids at every keystroke, while it encodes a small part of the text."""
+    node = page_modules(tmp_path)
+    code = (REPO / "hrm_edge" / "runtime" / "suggest.py").read_text()[:1500]
+    code += "x = 'é'  \r\n\ty = [1,\n    2]\n<|eos|>\n\n\ndef  f():\n"  # spaces, CRLF, tabs, a special token
+    typed = [code[:i] for i in range(1, len(code) + 1)]
+    typed += [code[:i] for i in range(len(code) - 1, len(code) - 200, -1)]  # backspace 200 characters
+    typed += ["# a comment\n" + code]  # an edit at the start
+    (tmp_path / "texts.json").write_text(json.dumps(typed))
+    (tmp_path / "encode.mjs").write_text(ENCODE_JOB)
+    proc = subprocess.run([node, str(tmp_path / "encode.mjs"), str(TOKENIZER), str(tmp_path / "texts.json")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["same"] == len(typed)
+    assert out["encoded"] < 0.15 * sum(len(t) for t in typed)  # not the whole text at every keystroke
 
 
 def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path, monkeypatch):

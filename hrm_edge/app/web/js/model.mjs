@@ -25,10 +25,40 @@ export async function loadTokenizer(url) {
   const tokenizer = new Tokenizer(json, { clean_up_tokenization_spaces: false });
   return {
     // add_special_tokens false and skip_special_tokens true: what hrm_edge.app.complete does in Python
-    encode: (text) => tokenizer.encode(text, { add_special_tokens: false }).ids,
+    encode: keptStartEncoder((text) => tokenizer.encode(text, { add_special_tokens: false }).ids),
     decode: (ids) => tokenizer.decode(ids, { skip_special_tokens: true }),
     bytes: tokenBytes(json), // of every token id, for token healing
   };
+}
+
+// encodeAll (text -> ids) for a text typed a key at a time, without encoding all of it at every keystroke: the ids
+// of a start of the text that ends at a line break after a visible ASCII character do not depend on what follows
+// (the ByteLevel pre-tokenizer's regex, which looks only forward, begins a new piece at that line break, and BPE
+// and the added tokens <|bos|> <|eos|> stay within pieces), so the ids of the latest such start at least
+// KEEP_BACK_CHARS before the end are kept and a keystroke encodes the rest. A text that does not go on from the
+// kept start (an edit before it) starts over. The same ids as encodeAll(text) (tests/test_keyboard.py).
+const KEEP_BACK_CHARS = 64;
+export function keptStartEncoder(encodeAll) {
+  let kept = { text: "", ids: [] };
+  const encode = (text) => {
+    if (!text.startsWith(kept.text)) kept = { text: "", ids: [] };
+    const cut = pieceStart(text, text.length - KEEP_BACK_CHARS);
+    if (cut > kept.text.length) {
+      kept = { text: text.slice(0, cut), ids: kept.ids.concat(encodeAll(text.slice(kept.text.length, cut))) };
+    }
+    return kept.ids.concat(encodeAll(text.slice(kept.text.length)));
+  };
+  encode.keptChars = () => kept.text.length;
+  return encode;
+}
+
+// The last index i <= at where text[i] is a line break after a visible ASCII character; 0 if none.
+function pieceStart(text, at) {
+  for (let i = Math.min(at, text.length - 1); i > 0; i--) {
+    const before = text.charCodeAt(i - 1);
+    if (text[i] === "\n" && before > 0x20 && before < 0x7f) return i;
+  }
+  return 0;
 }
 
 // An onnxruntime-web session (WASM) of the graph at url.
