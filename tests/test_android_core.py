@@ -112,6 +112,27 @@ def test_java_tokenizer_equals_python_tokenizers(classes, tmp_path):
         assert json.loads(lines[2 * i + 1]) == tok.decode(ids), text[:60]
 
 
+def test_java_encodes_the_end_of_a_typed_text(classes, tmp_path):
+    """WordSuggester.KeptStartEncoder (the page's keptStartEncoder): code typed a key at a time, deleted and edited
+    gives the ids of encoding each whole text, while it keeps a start of the text."""
+    from hrm_edge.train.tokenizer import load_tokenizer
+
+    path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
+    code = (REPO / "hrm_edge" / "runtime" / "suggest.py").read_text()[:1200]
+    code += "x = 'é'  \r\n\ty = [1,\n    2]\n<|eos|>\n\n\ndef  f():\n"  # spaces, CRLF, tabs, a special token
+    typed = [code[:i] for i in range(1, len(code) + 1)] + [code[:i] for i in range(len(code) - 1, len(code) - 150, -1)]
+    typed += ["# a comment\n" + code]  # an edit at the start
+    (tmp_path / "texts.json").write_text(json.dumps(typed))
+    proc = java(classes, "org.hrmedge.core.CoreCli", "typed", path, tmp_path / "texts.json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tok, kept = load_tokenizer(path), []
+    for text, line in zip(typed, proc.stdout.splitlines(), strict=True):
+        ids, chars = line.rsplit(" ", 1)
+        assert json.loads(ids) == tok.encode(text, add_special_tokens=False).ids, text[-60:]
+        kept.append(int(chars))
+    assert max(kept) > len(code) - 200  # it kept most of the text (and its ids were right after the edit too)
+
+
 def test_java_heals_and_penalises_like_python(classes, tmp_path):
     """TokenHealing and Sampling.penalizeRepetition on the shipped tokenizer: the same healed context, allowed first
     tokens and penalised logits (bit for bit) as hrm_edge.runtime.healing, on test_healing's cases."""

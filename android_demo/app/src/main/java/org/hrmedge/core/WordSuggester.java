@@ -97,6 +97,7 @@ public final class WordSuggester {
 
     private final StepModel model, extender; // extender: the draft model, or the model itself
     private final ByteLevelBpe tokenizer;
+    private final KeptStartEncoder typed; // the text typed so far, encoded a keystroke at a time
     private String[] tokenText;
     private int[] cached = new int[0]; // the context ids whose KV rows the program holds
     private float[] cachedLogits;
@@ -125,10 +126,60 @@ public final class WordSuggester {
         this.model = model;
         this.extender = draft != null ? draft : model;
         this.tokenizer = tokenizer;
+        this.typed = new KeptStartEncoder(tokenizer);
+    }
+
+    /** tokenizer.encode(text) for a text typed a key at a time, without encoding all of it at every keystroke (the
+     *  page's keptStartEncoder, model.mjs): the ids of a start of the text that ends at a line break after a visible
+     *  ASCII character do not depend on what follows (the ByteLevel pre-tokenizer's regex looks only forward and
+     *  begins a new piece there; BPE and the added tokens stay within pieces), so the ids of the latest such start
+     *  at least KEEP_BACK_CHARS before the end are kept and a keystroke encodes the rest. A text that does not go on
+     *  from the kept start (an edit before it) starts over. */
+    static final class KeptStartEncoder {
+        static final int KEEP_BACK_CHARS = 64;
+        private final ByteLevelBpe tokenizer;
+        private String keptText = "";
+        private int[] keptIds = new int[0];
+
+        KeptStartEncoder(ByteLevelBpe tokenizer) {
+            this.tokenizer = tokenizer;
+        }
+
+        int[] encode(String text) {
+            if (!text.startsWith(keptText)) {
+                keptText = "";
+                keptIds = new int[0];
+            }
+            int cut = pieceStart(text, text.length() - KEEP_BACK_CHARS);
+            if (cut > keptText.length()) {
+                keptIds = concat(keptIds, tokenizer.encode(text.substring(keptText.length(), cut)));
+                keptText = text.substring(0, cut);
+            }
+            return concat(keptIds, tokenizer.encode(text.substring(keptText.length())));
+        }
+
+        int keptChars() {
+            return keptText.length();
+        }
+
+        /** The last index i <= at where text[i] is a line break after a visible ASCII character; 0 if none. */
+        private static int pieceStart(String text, int at) {
+            for (int i = Math.min(at, text.length() - 1); i > 0; i--) {
+                char before = text.charAt(i - 1);
+                if (text.charAt(i) == '\n' && before > 0x20 && before < 0x7f) return i;
+            }
+            return 0;
+        }
+
+        private static int[] concat(int[] a, int[] b) {
+            int[] out = Arrays.copyOf(a, a.length + b.length);
+            System.arraycopy(b, 0, out, a.length, b.length);
+            return out;
+        }
     }
 
     public List<Suggestion> suggest(String text, int n) {
-        int[] ids = contextWindow(tokenizer.encode(text), model.maxSeqLen());
+        int[] ids = contextWindow(typed.encode(text), model.maxSeqLen());
         if (ids.length == 0) return new ArrayList<>();
         String partial = trailingWord(text);
         boolean midWord = !partial.isEmpty();

@@ -16,6 +16,8 @@ import java.util.StringJoiner;
  *   parity BUNDLE LOGITS PRECISION   logits: raw little-endian float32 [samples * seqLen * vocab]; prints JSON
  *   tokenize TOKENIZER_JSON TEXTS    texts: a JSON array of strings; prints one line of ids and one decoded
  *                                    JSON string per text
+ *   typed TOKENIZER_JSON TEXTS       texts: a JSON array of strings, typed in that order; prints per text the ids
+ *                                    WordSuggester.KeptStartEncoder gives and the characters of the start it kept
  *   suggest TOKENIZER_JSON JOB       job: {vocab, allowed, max_seq_len, draft_seed, sequences: [[text, ...], ...]};
  *                                    prints {"sequences": each text's words [label, insert, probability, ending],
  *                                    "draft_calls" / "model_calls": the draft's / the model's forward calls in
@@ -46,6 +48,14 @@ public final class CoreCli {
                 System.out.println(line);
                 System.out.println(quote(tok.decode(ids)));
             }
+        } else if (args.length == 3 && args[0].equals("typed")) {
+            ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
+            WordSuggester.KeptStartEncoder typed = new WordSuggester.KeptStartEncoder(tok);
+            for (Object text : Json.array(Json.parse(Files.readString(Path.of(args[2]), StandardCharsets.UTF_8)))) {
+                StringJoiner line = new StringJoiner(",", "[", "]");
+                for (int id : typed.encode((String) text)) line.add(Integer.toString(id));
+                System.out.println(line + " " + typed.keptChars());
+            }
         } else if (args.length == 3 && args[0].equals("suggest")) {
             ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
             System.out.println(suggest(tok, Json.object(Json.parse(Files.readString(Path.of(args[2]), StandardCharsets.UTF_8)))));
@@ -73,7 +83,8 @@ public final class CoreCli {
             }
         } else {
             System.err.println("usage: CoreCli parity BUNDLE LOGITS PRECISION | tokenize TOKENIZER_JSON TEXTS_JSON | "
-                    + "suggest TOKENIZER_JSON JOB_JSON | heal TOKENIZER_JSON CASES_JSON");
+                    + "typed TOKENIZER_JSON TEXTS_JSON | suggest TOKENIZER_JSON JOB_JSON | "
+                    + "heal TOKENIZER_JSON CASES_JSON");
             System.exit(2);
         }
     }
