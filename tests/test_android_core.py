@@ -112,16 +112,23 @@ def test_java_tokenizer_equals_python_tokenizers(classes, tmp_path):
         assert json.loads(lines[2 * i + 1]) == tok.decode(ids), text[:60]
 
 
+def typed_code(chars: int, backspaces: int) -> tuple[str, list[str]]:
+    """(code, the texts of typing it): the first `chars` characters of suggest.py and a tail of spaces, CRLF, tabs
+    and a special token, typed a key at a time, then `backspaces` deleted one at a time, then an edit at its start."""
+    code = (REPO / "hrm_edge" / "runtime" / "suggest.py").read_text()[:chars]
+    code += "x = 'é'  \r\n\ty = [1,\n    2]\n<|eos|>\n\n\ndef  f():\n"
+    typed = [code[:i] for i in range(1, len(code) + 1)]
+    typed += [code[:i] for i in range(len(code) - 1, len(code) - 1 - backspaces, -1)]
+    return code, typed + ["# a comment\n" + code]
+
+
 def test_java_encodes_the_end_of_a_typed_text(classes, tmp_path):
     """WordSuggester.KeptStartEncoder (the page's keptStartEncoder): code typed a key at a time, deleted and edited
     gives the ids of encoding each whole text, while it keeps a start of the text."""
     from hrm_edge.train.tokenizer import load_tokenizer
 
     path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
-    code = (REPO / "hrm_edge" / "runtime" / "suggest.py").read_text()[:1200]
-    code += "x = 'é'  \r\n\ty = [1,\n    2]\n<|eos|>\n\n\ndef  f():\n"  # spaces, CRLF, tabs, a special token
-    typed = [code[:i] for i in range(1, len(code) + 1)] + [code[:i] for i in range(len(code) - 1, len(code) - 150, -1)]
-    typed += ["# a comment\n" + code]  # an edit at the start
+    code, typed = typed_code(1200, 149)
     (tmp_path / "texts.json").write_text(json.dumps(typed))
     proc = java(classes, "org.hrmedge.core.CoreCli", "typed", path, tmp_path / "texts.json")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
-from test_android_core import classes, java  # noqa: F401  (classes: the compiled Java core, a fixture)
+from test_android_core import classes, java, typed_code  # noqa: F401  (classes: the compiled Java core, a fixture)
 from test_demo import DemoServer
 from hrm_edge.runtime.suggest import (BRANCHES, CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, decide,
                                       first_decision, healed, healed_start, is_word_char, keyboard_metrics,
@@ -425,11 +425,7 @@ def test_the_page_encodes_the_end_of_a_typed_text(tmp_path):
     """The page's tokenizer (keptStartEncoder, model.mjs) typing code a key at a time, deleting and typing again:
     encodeAll's ids at every keystroke, while it encodes a small part of the text."""
     node = page_modules(tmp_path)
-    code = (REPO / "hrm_edge" / "runtime" / "suggest.py").read_text()[:1500]
-    code += "x = 'é'  \r\n\ty = [1,\n    2]\n<|eos|>\n\n\ndef  f():\n"  # spaces, CRLF, tabs, a special token
-    typed = [code[:i] for i in range(1, len(code) + 1)]
-    typed += [code[:i] for i in range(len(code) - 1, len(code) - 200, -1)]  # backspace 200 characters
-    typed += ["# a comment\n" + code]  # an edit at the start
+    _, typed = typed_code(1500, 199)
     (tmp_path / "texts.json").write_text(json.dumps(typed))
     (tmp_path / "encode.mjs").write_text(ENCODE_JOB)
     proc = subprocess.run([node, str(tmp_path / "encode.mjs"), str(TOKENIZER), str(tmp_path / "texts.json")],

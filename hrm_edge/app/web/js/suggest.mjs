@@ -64,8 +64,8 @@ export class TypedContext {
       this.logits = row(out.logits, out.vocab, ids.length - 1 - common);
       this.chains = new Map();
     }
-    const now = this.ids.join(","); // only a shorter prefix of the context can be gone back to
-    const kept = [...this.recent.keys()].filter((k) => now.startsWith(k + ","));
+    // only a shorter prefix of the context (whose ids are `key` now) can be gone back to
+    const kept = [...this.recent.keys()].filter((k) => key.startsWith(k + ","));
     this.recent = new Map(kept.slice(Math.max(0, kept.length - RECENT_CONTEXTS)).map((k) => [k, this.recent.get(k)]));
     return this.logits;
   }

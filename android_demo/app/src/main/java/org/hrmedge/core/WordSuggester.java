@@ -310,7 +310,8 @@ public final class WordSuggester {
         int common = 0;
         while (common < ids.length && common < cached.length && ids[common] == cached[common]) common++;
         if (common == ids.length && common == cached.length && cachedLogits != null) return cachedLogits;
-        Recent earlier = common == ids.length ? recent.remove(key(ids)) : null;
+        String key = key(ids);
+        Recent earlier = common == ids.length ? recent.remove(key) : null;
         if (cachedLogits != null) recent.put(key(cached), new Recent(cachedLogits, chains));
         if (earlier != null) {
             cachedLogits = earlier.logits;
@@ -321,8 +322,7 @@ public final class WordSuggester {
             chains = new HashMap<>();
         }
         cached = ids.clone();
-        String now = key(cached) + ","; // only a shorter prefix of the context can be gone back to
-        recent.keySet().removeIf(k -> !now.startsWith(k + ","));
+        recent.keySet().removeIf(k -> !key.startsWith(k + ",")); // only a shorter prefix can be gone back to
         while (recent.size() > RECENT_CONTEXTS) recent.remove(recent.keySet().iterator().next()); // the oldest
         return cachedLogits;
     }
