@@ -436,6 +436,17 @@ def test_the_page_encodes_the_end_of_a_typed_text(tmp_path):
     assert out["encoded"] < 0.15 * sum(len(t) for t in typed)  # not the whole text at every keystroke
 
 
+def test_python_encodes_the_end_of_a_typed_text(tokenizer, allowed):
+    """TypedContext.encode (KeptStartEncoder, the page's keptStartEncoder): code typed a key at a time, deleted and
+    edited gives the ids of encoding each whole text, while it keeps a start of the text."""
+    code, typed = typed_code(1500, 199)
+    context, kept = TypedContext(HashStepModel(allowed, tokenizer.get_vocab_size())), []
+    for text in typed:
+        assert context.encode(tokenizer, text) == tokenizer.encode(text, add_special_tokens=False).ids, text[-60:]
+        kept.append(len(context.encoder.text))
+    assert max(kept) > len(code) - 200  # it kept most of the text (and its ids were right after the edit too)
+
+
 def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path, monkeypatch):
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"vocab": tokenizer.get_vocab_size(), "allowed": allowed,
@@ -522,6 +533,30 @@ def test_keyboard_bench_time_split():
     assert slow["ms_mean"] == 100 and slow["calls_mean"] == 5 and slow["draft_share"] == pytest.approx(0.6)
 
 
+def test_keyboard_bench_combines_texts():
+    from hrm_edge.app.keyboard import combined_metrics
+    from hrm_edge.runtime.suggest import keyboard_metrics
+
+    # "ab cd": one word start (c), hit by a chip after "ab "; "xy z": none hit; savings: 4 keys for 5 chars, 4 for 4
+    first = keyboard_metrics("ab cd", [[], [], [], [["cd", "cd", 0.5, " "]], [], []])
+    second = keyboard_metrics("xy z", [[]] * 5)
+    assert (first["top3_word_accuracy"], first["keystroke_savings"]) == (1.0, pytest.approx(0.2))
+    assert combined_metrics([first, second]) == {"characters": 9, "word_starts": 2, "top3_word_accuracy": 0.5,
+                                                 "keystroke_savings": pytest.approx(1 / 9), "partial_chips": 0}
+
+
+def test_keyboard_bench_call_costs():
+    from hrm_edge.app.keyboard import call_costs, runs_of
+
+    # [graph (0: KV, 1: branch), rows, tokens a row, ms]: keystrokes of a one-token KV call and branch steps, one
+    # whose context ran again from its start (a window that dropped a block), one that reused everything
+    calls = [[[0, 1, 1, 5.0], [1, 4, 1, 4.0], [1, 2, 1, 3.0]], [[0, 1, 96, 90.0], [1, 4, 1, 6.0]], [],
+             [[0, 1, 2, 7.0], [0, 1, 1, 6.0], [1, 1, 1, 2.0]]]
+    assert runs_of(calls[0]) == [1, 5.0, 2, 7.0] and runs_of(calls[2]) == [0, 0, 0, 0]
+    assert call_costs(calls) == {"kv": {"1": [2, 5.5], "2-8": [1, 7.0], ">8": [1, 90.0]},
+                                 "draft": {1: [1, 2.0], 2: [1, 3.0], 4: [2, 5.0]}}
+
+
 # ---- the page in a real browser (slow) ----
 # typed when no corpus is built (python -m hrm_edge.corpus gives the validation split): code the model never saw
 FALLBACK_TEXT = (
@@ -556,8 +591,8 @@ def test_browser_keyboard_bench(default_export, tokenizer):
         text = FALLBACK_TEXT
     server = DemoServer(default_export)
     try:
-        r = browser_keyboard_bench(server.url, text)  # the page's default program: int8
-        fp32 = browser_keyboard_bench(server.url, text[:100], model="hrm.fp32.kv.onnx")
+        r = browser_keyboard_bench(server.url, [text])  # the page's default program: int8
+        fp32 = browser_keyboard_bench(server.url, [text[:60], text[60:100]], model="hrm.fp32.kv.onnx")
     finally:
         server.close()
     print({k: r[k] for k in ("model", "characters", "median_ms", "p90_ms", "top3_word_accuracy", "keystroke_savings")})
@@ -565,15 +600,18 @@ def test_browser_keyboard_bench(default_export, tokenizer):
     # the page extends words with the export's branch graph
     assert r["extender"] == fp32["extender"] == "branch" and r["threads"] == 1
     assert r["top3_word_accuracy"] > 0.1 and r["keystroke_savings"] > 0.05, r
-    # fp32: the same chips as Python (probabilities within 1e-4: the same graph, other kernels and batch shapes)
-    for i, words in python_chips(default_export / "hrm.fp32.kv.onnx", tokenizer, text[:100], 5).items():
-        page = fp32["chips"][i]
-        assert [w[:2] for w in page] == [w[:2] for w in words], (text[:i], page, words)
-        assert all(abs(a[2] - b[2]) <= 1e-4 * b[2] for a, b in zip(page, words)), (text[:i], page, words)
+    # fp32: the same chips as Python (probabilities within 1e-4: the same graph, other kernels and batch shapes), the
+    # second text typed from an empty context as Python's own
+    for piece, chips in zip([text[:60], text[60:100]], fp32["chips"]):
+        for i, words in python_chips(default_export / "hrm.fp32.kv.onnx", tokenizer, piece, 5).items():
+            page = chips[i]
+            assert [w[:2] for w in page] == [w[:2] for w in words], (piece[:i], page, words)
+            assert all(abs(a[2] - b[2]) <= 1e-4 * b[2] for a, b in zip(page, words)), (piece[:i], page, words)
+    assert fp32["texts"] == 2 and fp32["characters"] == 100
     # int8: the two runtimes' int8 kernels differ (probabilities by up to ~7% on 2026-12-01), so near-ties may swap
-    int8 = python_chips(default_export / r["model"], tokenizer, text, 20)
-    same = sum([w[:2] for w in r["chips"][i]] == [w[:2] for w in words] for i, words in int8.items())
-    top1 = sum(bool(words and r["chips"][i]) and r["chips"][i][0][:2] == words[0][:2] for i, words in int8.items())
+    int8, chips = python_chips(default_export / r["model"], tokenizer, text, 20), r["chips"][0]
+    same = sum([w[:2] for w in chips[i]] == [w[:2] for w in words] for i, words in int8.items())
+    top1 = sum(bool(words and chips[i]) and chips[i][0][:2] == words[0][:2] for i, words in int8.items())
     print(f"int8, page vs Python: the same chips at {same} of {len(int8)} prefixes, the same first chip at {top1}")
     assert same >= 0.75 * len(int8) and top1 >= 0.9 * sum(bool(w) for w in int8.values()), (same, top1, len(int8))
 

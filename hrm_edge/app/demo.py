@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_text
+from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_pieces, heldout_text
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.manifest import contained_path, manifest_json, read_manifest, verify_files
@@ -243,7 +243,13 @@ def main(argv=None) -> int:
                    help="type held-out code (the built corpus's validation split) into the page's suggestion bar in "
                         "headless Chromium at a phone viewport, print ms per keystroke, top-3 word accuracy and "
                         "keystroke savings, and exit")
-    p.add_argument("--keyboard-chars", type=int, default=600, help="characters typed by --keyboard-bench (default 600)")
+    p.add_argument("--keyboard-chars", type=int, default=600,
+                   help="characters typed by --keyboard-bench (default 600; with --keyboard-sample spread, from each "
+                        "held-out project)")
+    p.add_argument("--keyboard-sample", choices=("start", "spread"), default="start",
+                   help="--keyboard-bench's held-out code: start (default): the start of the first validation file "
+                        "that long; spread: pieces from the middles of equal stretches of each held-out project's "
+                        "files, each typed from an empty context, as python -m hrm_edge.evaluate --keyboard types them")
     p.add_argument("--keyboard-text", type=Path, help="a text file for --keyboard-bench instead of held-out code")
     p.add_argument("--keyboard-model", metavar="ID",
                    help="--keyboard-bench: the page's program to type with, an artifact id such as "
@@ -294,23 +300,30 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     """--keyboard-bench: the page's default program typing held-out code (or --keyboard-text)."""
     if a.keyboard_text is not None and not a.keyboard_text.is_file():
         raise UserError(f"--keyboard-text file not found: {a.keyboard_text}")
-    text = (a.keyboard_text.read_text(encoding="utf-8")[: a.keyboard_chars] if a.keyboard_text
-            else heldout_text(a.keyboard_chars))
+    if a.keyboard_text:
+        texts = [a.keyboard_text.read_text(encoding="utf-8")[: a.keyboard_chars]]
+    else:
+        texts = heldout_pieces(a.keyboard_chars) if a.keyboard_sample == "spread" else [heldout_text(a.keyboard_chars)]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", text, a.keyboard_model,
+        r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", texts, a.keyboard_model,
                                    a.keyboard_threads, draft=not a.keyboard_full_depth)
     finally:
         server.shutdown()
         server.server_close()
-    print(f"[demo] keyboard bench: {r['model']}, {r['characters']} characters typed one at a time, {r['browser']}")
+    pieces = f" in {r['texts']} pieces, each from an empty context" if r["texts"] > 1 else ""
+    print(f"[demo] keyboard bench: {r['model']}, {r['characters']} characters typed one at a time{pieces}, "
+          f"{r['browser']}")
     extension = "the full depth" if r["extender"] == "full depth" else f"the {r['extender']} graph"
-    print(f"ms per keystroke: median {r['median_ms']:.1f}, p90 {r['p90_ms']:.1f} ({r['threads']} WASM thread(s); "
-          f"words extended by {extension})")
+    print(f"ms per keystroke: median {r['median_ms']:.1f}, p90 {r['p90_ms']:.1f}, p99 {r['p99_ms']:.1f}, max "
+          f"{r['max_ms']:.1f} ({r['threads']} WASM thread(s); words extended by {extension})")
     for name, part in (("all keystrokes", r["time"]["all"]), ("the slowest tenth", r["time"]["slowest_tenth"])):
         rest = 1 - part["kv_share"] - part["draft_share"]
         print(f"  {name}: {part['ms_mean']:.1f} ms, {part['calls_mean']:.2f} graph calls a keystroke; time in the KV "
               f"graph {part['kv_share']:.0%}, {extension} {part['draft_share']:.0%}, the page's JS {rest:.0%}")
+    kv = ", ".join(f"{tokens} token(s) {ms:.1f} ms ({n})" for tokens, (n, ms) in r["calls"]["kv"].items())
+    rows = ", ".join(f"{rows} row(s) {ms:.1f} ms ({n})" for rows, (n, ms) in r["calls"]["draft"].items())
+    print(f"  a call, median (how many): KV graph {kv}" + (f"; {extension} {rows}" if rows else ""))
     print(f"top-3 next-word accuracy at {r['word_starts']} word starts: {r['top3_word_accuracy']:.1%}; keystroke "
           f"savings {r['keystroke_savings']:.1%}; partial-word chips: {r['partial_chips']}")
     return 0

@@ -13,15 +13,18 @@ from pathlib import Path
 import numpy as np
 
 from hrm_edge.errors import UserError
+from hrm_edge.measure.keyboard import spread_texts
 from hrm_edge.runtime.suggest import keyboard_metrics
+from hrm_edge.train.dataset import heldout_projects
 
 CHROMIUM = "/usr/bin/chromium"
 # flags that work for Debian's chromium as root in a container (no sandbox, no GPU, no network chatter)
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
-# one suggestion call per prefix of the text, in the page; each call's words as [label, insert, probability, ending]
-TYPE_IN_PAGE = """async ({ text, model, draft }) => {
+# one suggestion call per prefix of each text, in the page, each text from an empty context (the first in the page's
+# own); each call's words as [label, insert, probability, ending]
+TYPE_IN_PAGE = """async ({ texts, model, draft }) => {
   const { TypedContext, suggestWords } = await import("/app/js/suggest.mjs");
   const { state } = window.hrmDemo;
   const { BranchModel, KvModel, runtimeInfo } = await import("/app/js/model.mjs");
@@ -32,25 +35,31 @@ TYPE_IN_PAGE = """async ({ text, model, draft }) => {
     state.context = new TypedContext(await KvModel.load(info.url, n), extender);
   }
   // where a keystroke's time goes: each graph's session.run, timed around the original
-  const spent = { kv: [0, 0], draft: [0, 0] }; // [calls, ms]
-  const timed = (kvModel, key) => {
+  let calls = []; // this keystroke's: [graph (0: KV, 1: draft or branch), rows, tokens a row, ms]
+  const timed = (kvModel, graph) => {
     if (!kvModel) return;
     const run = kvModel.session.run.bind(kvModel.session);
     kvModel.session.run = async (feeds, fetches) => {
       const t = performance.now();
-      try { return await run(feeds, fetches); } finally { spent[key][0] += 1; spent[key][1] += performance.now() - t; }
+      try { return await run(feeds, fetches); } finally {
+        calls.push([graph, ...feeds.tokens.dims, performance.now() - t]);
+      }
     };
   };
-  timed(state.context.model, "kv");
-  timed(state.context.draft, "draft");
-  const steps = [{ ms: 0, words: [], runs: [0, 0, 0, 0] }]; // nothing is suggested before the first key
-  for (let i = 1; i < text.length; i++) {
-    spent.kv = [0, 0]; spent.draft = [0, 0];
-    const r = await suggestWords(state.context, state.tokenizer, text.slice(0, i), 3);
-    steps.push({ ms: r.ms, words: r.words.map((w) => [w.label, w.insert, w.probability, w.ending]),
-                 runs: [...spent.kv, ...spent.draft] }); // [KV calls, KV ms, draft calls, draft ms]
+  timed(state.context.model, 0);
+  timed(state.context.draft, 1);
+  const typed = [];
+  for (const [k, text] of texts.entries()) {
+    const context = k === 0 ? state.context : new TypedContext(state.context.model, state.context.draft);
+    const steps = [{ ms: 0, words: [], calls: [] }]; // nothing is suggested before the first key
+    for (let i = 1; i < text.length; i++) {
+      calls = [];
+      const r = await suggestWords(context, state.tokenizer, text.slice(0, i), 3);
+      steps.push({ ms: r.ms, words: r.words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls });
+    }
+    typed.push(steps);
   }
-  return { steps, model: model ?? state.modelInfo.id, userAgent: navigator.userAgent,
+  return { typed, model: model ?? state.modelInfo.id, userAgent: navigator.userAgent,
            extender: state.context.draft === null ? "full depth" : state.context.draft instanceof BranchModel ? "branch"
              : "draft", threads: runtimeInfo().threads };
 }"""
@@ -60,8 +69,6 @@ def heldout_text(chars: int) -> str:
     """The first `chars` characters of the first validation document (hrm_edge.train.dataset.heldout_projects, in
     sorted order) that holds at least that many, else of the longest: a short first file (an __init__.py of
     imports) would measure the bar on a few words."""
-    from hrm_edge.train.dataset import heldout_projects
-
     projects = heldout_projects()
     texts = [text for name in sorted(projects) for _, text in projects[name]]
     if not texts:
@@ -69,12 +76,23 @@ def heldout_text(chars: int) -> str:
     return next((t for t in texts if len(t) >= chars), max(texts, key=len))[:chars]
 
 
-def browser_keyboard_bench(url: str, text: str, model: str | None = None, threads: int = 1, draft: bool = True) -> dict:
-    """Type `text` in the page served at `url` (its default program, or `model`: an artifact id such as
-    hrm.fp32.kv.onnx) on `threads` WASM threads, the chains on the branch (else draft) graph where the export has
-    one (draft False: on the full depth), and return keyboard_metrics plus median_ms / p90_ms per keystroke, the
-    chips after each prefix of the text, the program, what extended the words (extender: "branch", "draft" or "full
-    depth"), the threads and the browser."""
+def heldout_pieces(chars: int) -> list[str]:
+    """About `chars` characters of each validation project (in sorted order), in pieces from the middles of equal
+    stretches of its files, as `python -m hrm_edge.evaluate --keyboard` types them (spread_texts)."""
+    projects = heldout_projects()
+    if not projects:
+        raise UserError("the built corpus has no validation documents")
+    return [piece for name in sorted(projects) for piece in spread_texts([t for _, t in projects[name]], chars)]
+
+
+def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None, threads: int = 1,
+                           draft: bool = True) -> dict:
+    """Type each of `texts` (from an empty context) in the page served at `url` (its default program, or `model`: an
+    artifact id such as hrm.fp32.kv.onnx) on `threads` WASM threads, the chains on the branch (else draft) graph where
+    the export has one (draft False: on the full depth), and return keyboard_metrics over all texts plus median_ms /
+    p90_ms / p99_ms / max_ms per keystroke, where the time went (time_split, call_costs), the chips after each prefix
+    of each text, the program, what extended the words (extender: "branch", "draft" or "full depth"), the threads and
+    the browser."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -86,14 +104,52 @@ def browser_keyboard_bench(url: str, text: str, model: str | None = None, thread
         page = browser.new_page(**PHONE)
         page.goto(url + f"?threads={threads}" + ("" if draft else "&draft=0"))
         page.wait_for_function("document.getElementById('status').dataset.ready === '1'", timeout=120_000)
-        out = page.evaluate(TYPE_IN_PAGE, {"text": text, "model": model, "draft": draft})
+        out = page.evaluate(TYPE_IN_PAGE, {"texts": texts, "model": model, "draft": draft})
         browser.close()
-    ms = np.array([s["ms"] for s in out["steps"][1:]])
-    chips = [s["words"] for s in out["steps"]]
-    return {**keyboard_metrics(text, chips), "median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
-            "time": time_split(ms, np.array([s["runs"] for s in out["steps"][1:]])),
+    steps = [s for typed in out["typed"] for s in typed[1:]]  # every keystroke of every text
+    ms = np.array([s["ms"] for s in steps])
+    chips = [[s["words"] for s in typed] for typed in out["typed"]]
+    calls = [s["calls"] for s in steps]
+    metrics = combined_metrics([keyboard_metrics(text, c) for text, c in zip(texts, chips)])
+    return {**metrics, "median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)),
+            "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
+            "time": time_split(ms, np.array([runs_of(c) for c in calls])), "calls": call_costs(calls),
             "browser": out["userAgent"], "model": out["model"], "extender": out["extender"], "threads": out["threads"],
-            "chips": chips}
+            "texts": len(texts), "chips": chips}
+
+
+def combined_metrics(metrics: list[dict]) -> dict:
+    """keyboard_metrics of several texts as one: top-3 accuracy over all their word starts, savings over all their
+    characters."""
+    chars, starts = sum(m["characters"] for m in metrics), sum(m["word_starts"] for m in metrics)
+    hits = sum(m["top3_word_accuracy"] * m["word_starts"] for m in metrics)
+    keys = sum((1 - m["keystroke_savings"]) * m["characters"] for m in metrics)
+    return {"characters": chars, "word_starts": starts, "top3_word_accuracy": hits / max(starts, 1),
+            "keystroke_savings": 1 - keys / max(chars, 1), "partial_chips": sum(m["partial_chips"] for m in metrics)}
+
+
+def runs_of(calls: list) -> list:
+    """A keystroke's graph calls [[graph (0: KV, 1: draft or branch), rows, tokens a row, ms]] -> [KV calls, their ms,
+    draft calls, their ms]."""
+    return [sum(1 for c in calls if c[0] == 0), sum(c[3] for c in calls if c[0] == 0),
+            sum(1 for c in calls if c[0] == 1), sum(c[3] for c in calls if c[0] == 1)]
+
+
+def call_costs(calls: list[list]) -> dict:
+    """What one graph call cost, from every keystroke's calls (runs_of's form): {"kv": {tokens: [calls, median ms]}
+    with tokens "1", "2-8" and ">8" (a context run again from its start, as when the window drops a block),
+    "draft": {rows: [calls, median ms]} (one token a row)}."""
+    kv, draft = {}, {}
+    for graph, rows, tokens, ms in (c for keystroke in calls for c in keystroke):
+        if graph == 0:
+            kv.setdefault("1" if tokens == 1 else "2-8" if tokens <= 8 else ">8", []).append(ms)
+        else:
+            draft.setdefault(rows, []).append(ms)
+
+    def summary(groups):
+        return {k: [len(v), float(np.median(v))] for k, v in sorted(groups.items())}
+
+    return {"kv": summary(kv), "draft": summary(draft)}
 
 
 def time_split(ms: np.ndarray, runs: np.ndarray) -> dict:

@@ -31,6 +31,7 @@ MAX_SPELLING_TOKENS = 3  # tokens after the first that may finish spelling the t
 BRANCHES = 2  # where a chain's word has not started, it forks into this many chains (docs/keyboard.md step 6)
 RECENT_CONTEXTS = 4  # earlier contexts whose logits and chains are kept, for a keystroke that goes back to one
 HEAL_CHARS = 2  # token healing takes back tokens until it holds this many characters of the partial word
+KEEP_BACK_CHARS = 64  # KeptStartEncoder keeps the ids of a start of the text at least this far before its end
 SPACES = " \t\n\r\f\v"
 
 
@@ -61,6 +62,40 @@ class Chain:
         return [self, *self.forks]
 
 
+class KeptStartEncoder:
+    """tokenizer.encode(text, add_special_tokens=False).ids for a text typed a key at a time, without encoding all of
+    it at every keystroke (the page's keptStartEncoder, Java's WordSuggester.KeptStartEncoder): the ids of a start of
+    the text that ends at a line break after a visible ASCII character do not depend on what follows (the ByteLevel
+    pre-tokenizer's regex, which looks only forward, begins a new piece at that line break, and BPE and the added
+    tokens stay within pieces), so the ids of the latest such start at least KEEP_BACK_CHARS before the end are kept
+    and a keystroke encodes the rest. A text that does not go on from the kept start (an edit before it) starts
+    over."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.text, self.ids = "", []  # the kept start and its ids
+
+    def __call__(self, text: str) -> list[int]:
+        if not text.startswith(self.text):
+            self.text, self.ids = "", []
+        cut = piece_start(text, len(text) - KEEP_BACK_CHARS)
+        if cut > len(self.text):
+            self.ids = self.ids + self.encode_all(text[len(self.text):cut])
+            self.text = text[:cut]
+        return self.ids + self.encode_all(text[len(self.text):])
+
+    def encode_all(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def piece_start(text: str, at: int) -> int:
+    """The last index i <= at where text[i] is a line break after a visible ASCII character; 0 if none."""
+    for i in range(min(at, len(text) - 1), 0, -1):
+        if text[i] == "\n" and " " < text[i - 1] < "\x7f":
+            return i
+    return 0
+
+
 class TypedContext:
     """The KV cache of the text typed so far (a keystroke costs the changed tokens, not a prefill), and the greedy
     chains already computed from it (typing on inside a word often keeps the context and asks for them again)."""
@@ -77,6 +112,13 @@ class TypedContext:
         # goes back to the context of two keystrokes before, whose cache is the first positions of this one
         self.recent: dict[tuple, tuple] = {}
         self._texts, self._by_first = (None, []), {}
+        self.encoder = None  # the KeptStartEncoder of the tokenizer last used
+
+    def encode(self, tokenizer, text: str) -> list[int]:
+        """The ids of `text` (no special tokens added), keeping those of its start from keystroke to keystroke."""
+        if self.encoder is None or self.encoder.tokenizer is not tokenizer:
+            self.encoder = KeptStartEncoder(tokenizer)
+        return self.encoder(text)
 
     def update(self, ids: list[int]) -> np.ndarray:
         """Bring the cache to `ids`, reusing the longest common prefix; returns the last position's logits [V]."""
@@ -379,7 +421,7 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
     """The n most likely whole next words after `text` (the text before the cursor); see docs/keyboard.md.
     tokenizer: a tokenizers.Tokenizer (hrm_edge.train.tokenizer.load_tokenizer)."""
     start = time.perf_counter()
-    ids = context_window(tokenizer.encode(text, add_special_tokens=False).ids, context.model.max_seq_len)
+    ids = context_window(context.encode(tokenizer, text), context.model.max_seq_len)
     if not ids:
         return Suggestions([], 0.0)
     partial, cut, prefix = healed(tokenizer, text, ids)
