@@ -69,6 +69,7 @@ for (const texts of job.sequences) { // one typing session (one cache) per seque
   const model = new HashModel(job.vocab, job.allowed, job.max_seq_len);
   const draft = job.draft_seed === null ? null : new HashModel(job.vocab, job.allowed, job.max_seq_len, job.draft_seed);
   const context = new TypedContext(model, draft);
+  await context.warmUp(tokenizer); // as the page does when it loads a program: the words and calls stay the same
   const steps = [];
   for (const text of texts) {
     model.calls = [];

@@ -33,6 +33,7 @@ TYPE_IN_PAGE = """async ({ texts, model, draft }) => {
     const extender = !draft ? null : info.branch_url ? await BranchModel.load(info.branch_url, n)
       : info.draft_url ? await KvModel.load(info.draft_url, n) : null;
     state.context = new TypedContext(await KvModel.load(info.url, n), extender);
+    await state.context.warmUp(state.tokenizer);
   }
   // where a keystroke's time goes: each graph's session.run, timed around the original
   let calls = []; // this keystroke's: [graph (0: KV, 1: draft or branch), rows, tokens a row, ms]

@@ -52,6 +52,7 @@ async function selectModel(id) {
     : info.branch_url ? await BranchModel.load(info.branch_url, state.config.max_seq_len)
       : info.draft_url ? await KvModel.load(info.draft_url, state.config.max_seq_len) : null;
   state.context = new TypedContext(state.model, draft);
+  await state.context.warmUp(state.tokenizer); // the first keystroke then costs what the others do
   const gate = info.passed ? "passed the export's parity gate" : "FAILED the export's parity gate";
   setStatus(`${info.id} loaded in ${Math.round(performance.now() - t)} ms (${gate})`, !info.passed);
   $("status").dataset.ready = "1";

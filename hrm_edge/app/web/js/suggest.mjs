@@ -70,6 +70,15 @@ export class TypedContext {
     return this.logits;
   }
 
+  // Runs each graph once and lists the token texts, leaving the context as it was: a session's first run prepares its
+  // kernels (the page's first keystroke took some 300 ms without this, the next ones 10-30), so the page does it as
+  // it loads a program.
+  async warmUp(tokenizer) {
+    const out = await this.model.run([0], this.model.emptyPast());
+    this.tokenTexts(tokenizer, out.vocab);
+    if (this.draft) await this.draft.run([0], this.draft.pastRows(out.past, [0]), 1);
+  }
+
   // The decoded text of every token id ("" for special tokens), computed once per tokenizer.
   tokenTexts(tokenizer, vocab) {
     if (this.texts?.[0] !== tokenizer) {
