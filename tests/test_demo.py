@@ -71,6 +71,13 @@ def test_keyboard_threads_out_of_range_is_one_line(tmp_path):
                                  "0"), "--keyboard-threads must be in 1..16, got 0")
 
 
+def test_spread_sample_of_a_given_text_is_one_line(tmp_path):
+    text = tmp_path / "t.py"
+    text.write_text("import os\n")
+    assert_user_error(run_module("hrm_edge.demo", fake_export(tmp_path / "e"), "--keyboard-bench", "--keyboard-text",
+                                 text, "--keyboard-sample", "spread"), "--keyboard-sample spread samples the held-out")
+
+
 def test_sha256_mismatch_names_the_file(tmp_path):
     root = fake_export(tmp_path / "e")
     (root / "m.kv.onnx").write_bytes(b"changed bytes!!")

@@ -300,6 +300,8 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     """--keyboard-bench: the page's default program typing held-out code (or --keyboard-text)."""
     if a.keyboard_text is not None and not a.keyboard_text.is_file():
         raise UserError(f"--keyboard-text file not found: {a.keyboard_text}")
+    if a.keyboard_text is not None and a.keyboard_sample == "spread":
+        raise UserError("--keyboard-sample spread samples the held-out projects: leave it out with --keyboard-text")
     if a.keyboard_text:
         texts = [a.keyboard_text.read_text(encoding="utf-8")[: a.keyboard_chars]]
     else:
