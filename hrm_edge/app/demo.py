@@ -302,7 +302,7 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
         raise UserError(f"--keyboard-text file not found: {a.keyboard_text}")
     if a.keyboard_text is not None and a.keyboard_sample == "spread":
         raise UserError("--keyboard-sample spread samples the held-out projects: leave it out with --keyboard-text")
-    if a.keyboard_text:
+    if a.keyboard_text is not None:
         texts = [a.keyboard_text.read_text(encoding="utf-8")[: a.keyboard_chars]]
     else:
         texts = heldout_pieces(a.keyboard_chars) if a.keyboard_sample == "spread" else [heldout_text(a.keyboard_chars)]

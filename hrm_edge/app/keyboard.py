@@ -137,8 +137,8 @@ def runs_of(calls: list) -> list:
 
 
 def call_costs(calls: list[list]) -> dict:
-    """What one graph call cost, from every keystroke's calls (runs_of's form): {"kv": {tokens: [calls, median ms]}
-    with tokens "1", "2-8" and ">8" (a context run again from its start, as when the window drops a block),
+    """What one graph call cost, from every keystroke's calls (as runs_of reads them): {"kv": {tokens: [calls, median
+    ms]} with tokens "1", "2-8" and ">8" (a context run again from its start, as when the window drops a block),
     "draft": {rows: [calls, median ms]} (one token a row)}."""
     kv, draft = {}, {}
     for graph, rows, tokens, ms in (c for keystroke in calls for c in keystroke):

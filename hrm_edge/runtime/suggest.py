@@ -475,7 +475,7 @@ def read_typed_word(context: TypedContext, tokenizer, text: str, following: str)
     word, ending, probability), "" (dead) or None (still open, or the tokens of text + following do not start with
     the context's). A word whose probability beats the bar's last chip, or that had a free slot, was missed by the
     search (first tokens, greedy chains), not ranked below the chips by the model."""
-    encoded = tokenizer.encode(text, add_special_tokens=False).ids
+    encoded = context.encode(tokenizer, text)  # the ids suggest_words read for this text
     ids = context_window(encoded, context.model.max_seq_len)
     if not ids:
         return None
