@@ -7,6 +7,7 @@ import { Tokenizer } from "@huggingface/tokenizers";
 
 globalThis.location = { search: "" }; // model.mjs reads the page's URL
 const { TypedContext, suggestWords } = await import("./js/suggest.mjs");
+const { Lookahead } = await import("./js/lookahead.mjs");
 const { keptStartEncoder } = await import("./js/model.mjs");
 
 // lowbias32: a 32-bit integer hash, the same uint32 arithmetic in Python, JS and Java
@@ -39,6 +40,7 @@ class HashModel {
   async run(tokens, past, batch = 1) {
     const seq = tokens.length / batch, V = this.vocab;
     this.calls.push([batch, seq]);
+    this.onCall?.();
     const logits = new Float32Array(batch * seq * V), rows = [];
     for (let b = 0; b < batch; b++) {
       const ids = past.rows[b].concat(tokens.slice(b * seq, (b + 1) * seq));
@@ -70,14 +72,26 @@ for (const texts of job.sequences) { // one typing session (one cache) per seque
   const draft = job.draft_seed === null ? null : new HashModel(job.vocab, job.allowed, job.max_seq_len, job.draft_seed);
   const context = new TypedContext(model, draft);
   await context.warmUp(tokenizer); // as the page does when it loads a program: the words and calls stay the same
-  const steps = [];
-  for (const text of texts) {
+  const steps = [], look = new Lookahead(context, tokenizer);
+  for (const [i, text] of texts.entries()) {
     model.calls = [];
     if (draft) draft.calls = [];
-    const { words } = await suggestWords(context, tokenizer, text, 3);
-    steps.push({ words: words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls: model.calls,
-                 draftCalls: draft ? draft.calls : [], keptChars: tokenizer.encode.keptChars(),
-                 sameIds: JSON.stringify(tokenizer.encode(text)) === JSON.stringify(encodeAll(text)) });
+    const { words, ahead } = job.lookahead ? await look.suggest(text, 3)
+      : await suggestWords(context, tokenizer, text, 3);
+    // (copies: the work ahead calls the same models next)
+    steps.push({ words: words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls: model.calls.slice(),
+                 draftCalls: draft ? draft.calls.slice() : [], keptChars: tokenizer.encode.keptChars(),
+                 sameIds: JSON.stringify(tokenizer.encode(text)) === JSON.stringify(encodeAll(text)), ahead });
+    if (job.lookahead) { // guess the next key (where it is one more character) and a wrong one, in either order
+      const next = texts[i + 1] ?? "", key = next.startsWith(text) ? next.slice(text.length) : "";
+      const keys = [key.length === 1 ? key : "#", key === "x" ? "y" : "x"];
+      // at every other key the work ahead is called off at its k-th graph call, as a key coming in the middle does
+      let calls = 0;
+      const k = 1 + (i % 7);
+      model.onCall = () => { if (i % 2 === 1 && ++calls === k) look.stop(); };
+      if (draft) draft.onCall = model.onCall;
+      await look.start(text, i % 3 === 2 ? keys.reverse() : keys);
+    }
   }
   out.push(steps);
 }

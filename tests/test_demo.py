@@ -71,6 +71,11 @@ def test_keyboard_threads_out_of_range_is_one_line(tmp_path):
                                  "0"), "--keyboard-threads must be in 1..16, got 0")
 
 
+def test_keyboard_interval_out_of_range_is_one_line(tmp_path):
+    assert_user_error(run_module("hrm_edge.demo", fake_export(tmp_path / "e"), "--keyboard-bench",
+                                 "--keyboard-interval", "-5"), "--keyboard-interval must be in 0..10000 ms, got -5")
+
+
 def test_spread_sample_of_a_given_text_is_one_line(tmp_path):
     text = tmp_path / "t.py"
     text.write_text("import os\n")

@@ -371,11 +371,11 @@ def page_modules(tmp_path) -> str:
     return node
 
 
-def node_words(tokenizer, allowed, tmp_path) -> list:
+def node_words(tokenizer, allowed, tmp_path, lookahead: bool = False) -> list:
     node = page_modules(tmp_path)
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"tokenizer": str(TOKENIZER), "vocab": tokenizer.get_vocab_size(), "allowed": allowed,
-                               "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED,
+                               "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED, "lookahead": lookahead,
                                "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
     proc = subprocess.run([node, str(tmp_path / "keyboard_fixture.mjs"), str(job)], capture_output=True, text=True,
                           timeout=300)
@@ -404,6 +404,19 @@ def test_javascript_gives_the_same_words(tokenizer, allowed, tmp_path):
     assert [tuple(c) for steps in sessions for step in steps for c in step["draftCalls"]] == draft_calls
     assert [tuple(c) for steps in sessions for step in steps for c in step["calls"]] == model_calls
 
+
+
+def test_the_page_lookahead_gives_the_same_words(tokenizer, allowed, tmp_path):
+    """The page's lookahead (lookahead.mjs) typing the same sessions, computing ahead after each key the chips of
+    the key that comes and of a wrong one, on forks of the typed context, and called off in the middle at every other
+    key: the same words as Python at every keystroke; a key computed ahead makes no graph call."""
+    sessions = node_words(tokenizer, allowed, tmp_path, lookahead=True)
+    assert_same_words([[step["words"] for step in steps] for steps in sessions], python_words(tokenizer, allowed),
+                      "lookahead.mjs")
+    steps = [step for steps in sessions for step in steps]
+    ahead = [step for step in steps if step["ahead"]]
+    assert len(ahead) > len(steps) // 4, (len(ahead), len(steps))  # the keys whose work ahead ran to its end
+    assert all(not step["calls"] and not step["draftCalls"] for step in ahead)
 
 
 ENCODE_JOB = """import { readFileSync } from "node:fs";
@@ -593,6 +606,8 @@ def test_browser_keyboard_bench(default_export, tokenizer):
     try:
         r = browser_keyboard_bench(server.url, [text])  # the page's default program: int8
         fp32 = browser_keyboard_bench(server.url, [text[:60], text[60:100]], model="hrm.fp32.kv.onnx")
+        # a key every 100 ms, the page's lookahead computing the likeliest next keys' chips in between
+        ahead = browser_keyboard_bench(server.url, [text[:60]], model="hrm.fp32.kv.onnx", interval_ms=100)
     finally:
         server.close()
     print({k: r[k] for k in ("model", "characters", "median_ms", "p90_ms", "top3_word_accuracy", "keystroke_savings")})
@@ -601,8 +616,10 @@ def test_browser_keyboard_bench(default_export, tokenizer):
     assert r["extender"] == fp32["extender"] == "branch" and r["threads"] == 1
     assert r["top3_word_accuracy"] > 0.1 and r["keystroke_savings"] > 0.05, r
     # fp32: the same chips as Python (probabilities within 1e-4: the same graph, other kernels and batch shapes), the
-    # second text typed from an empty context as Python's own
-    for piece, chips in zip([text[:60], text[60:100]], fp32["chips"]):
+    # second text typed from an empty context as Python's own; and with the lookahead, whose keys guessed (over a
+    # fifth of them) showed the chips computed ahead on a fork
+    assert ahead["ahead"] > 0.2 and ahead["interval_ms"] == 100, ahead["ahead"]
+    for piece, chips in zip([text[:60], text[60:100], text[:60]], fp32["chips"] + ahead["chips"]):
         for i, words in python_chips(default_export / "hrm.fp32.kv.onnx", tokenizer, piece, 5).items():
             page = chips[i]
             assert [w[:2] for w in page] == [w[:2] for w in words], (piece[:i], page, words)

@@ -260,12 +260,18 @@ def main(argv=None) -> int:
     p.add_argument("--keyboard-full-depth", action="store_true",
                    help="--keyboard-bench: extend the suggestions' words with the full depth instead of the branch "
                         "(or draft) graph, the first outer cycle, to compare")
+    p.add_argument("--keyboard-interval", type=float, default=0, metavar="MS",
+                   help="--keyboard-bench: type a key every MS milliseconds, as a typist does, the page computing the "
+                        "likeliest next keys' chips in between (its lookahead); each key's time counts from when it "
+                        "was due (default 0: each key as soon as the last one's chips are there, no lookahead)")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
     if not 0 <= a.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {a.port}")
     if a.keyboard_chars < 2:
         raise UserError(f"--keyboard-chars must be at least 2, got {a.keyboard_chars}")
+    if not 0 <= a.keyboard_interval <= 10_000:
+        raise UserError(f"--keyboard-interval must be in 0..10000 ms, got {a.keyboard_interval:g}")
     if not 1 <= a.keyboard_threads <= 16:
         raise UserError(f"--keyboard-threads must be in 1..16, got {a.keyboard_threads}")
     manifest = read_manifest(a.dir)
@@ -309,13 +315,17 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", texts, a.keyboard_model,
-                                   a.keyboard_threads, draft=not a.keyboard_full_depth)
+                                   a.keyboard_threads, draft=not a.keyboard_full_depth,
+                                   interval_ms=a.keyboard_interval)
     finally:
         server.shutdown()
         server.server_close()
     pieces = f" in {r['texts']} pieces, each from an empty context" if r["texts"] > 1 else ""
     print(f"[demo] keyboard bench: {r['model']}, {r['characters']} characters typed one at a time{pieces}, "
           f"{r['browser']}")
+    if r["interval_ms"] > 0:
+        print(f"a key every {r['interval_ms']:g} ms; the lookahead had computed the chips of {r['ahead']:.0%} of the "
+              f"keys, at {r['ahead_calls']:.2f} more graph calls a key")
     extension = "the full depth" if r["extender"] == "full depth" else f"the {r['extender']} graph"
     print(f"ms per keystroke: median {r['median_ms']:.1f}, p90 {r['p90_ms']:.1f}, p99 {r['p99_ms']:.1f}, max "
           f"{r['max_ms']:.1f} ({r['threads']} WASM thread(s); words extended by {extension})")

@@ -2,9 +2,11 @@
 
 Serves the page as `python -m hrm_edge.demo` does, opens it in headless Chromium at a phone's viewport (one WASM
 thread by default, as a phone page without cross-origin isolation gets), and types held-out code one character at a
-time through the page's own suggestWords (hrm_edge/app/web/js/suggest.mjs). Reports the time per keystroke (median,
-p90), top-3 next-word accuracy at word starts and keystroke savings (keyboard_metrics), and checks that every
-chip is a whole word. Needs playwright (pip install '.[test]') and Debian's chromium.
+time through the page's own suggestWords (hrm_edge/app/web/js/suggest.mjs), each key as soon as the last one's chips
+are there, or one every --keyboard-interval ms as a typist types, the page's lookahead (lookahead.mjs) computing the
+likeliest next keys' chips in between. Reports the time per keystroke (median, p90), top-3 next-word accuracy at word
+starts and keystroke savings (keyboard_metrics), and checks that every chip is a whole word. Needs playwright (pip
+install '.[test]') and Debian's chromium.
 """
 from __future__ import annotations
 
@@ -23,20 +25,23 @@ CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-
                  "--disable-component-update", "--disable-sync"]
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
 # one suggestion call per prefix of each text, in the page, each text from an empty context (the first in the page's
-# own); each call's words as [label, insert, probability, ending]
-TYPE_IN_PAGE = """async ({ texts, model, draft }) => {
+# own); each call's words as [label, insert, probability, ending]. interval > 0: a typist's keys, one every interval
+# ms, with the page's lookahead (lookahead.mjs) computing ahead in between; each key's ms from when it was due
+TYPE_IN_PAGE = """async ({ texts, model, draft, interval }) => {
   const { TypedContext, suggestWords } = await import("/app/js/suggest.mjs");
+  const { Lookahead, likelyKeys } = await import("/app/js/lookahead.mjs");
   const { state } = window.hrmDemo;
   const { BranchModel, KvModel, runtimeInfo } = await import("/app/js/model.mjs");
+  let typing = state.lookahead.context; // the page's typed context
   if (model) { // another of the page's programs, loaded as the page loads it
     const info = state.config.models.find((m) => m.id === model), n = state.config.max_seq_len;
     const extender = !draft ? null : info.branch_url ? await BranchModel.load(info.branch_url, n)
       : info.draft_url ? await KvModel.load(info.draft_url, n) : null;
-    state.context = new TypedContext(await KvModel.load(info.url, n), extender);
-    await state.context.warmUp(state.tokenizer);
+    typing = new TypedContext(await KvModel.load(info.url, n), extender);
+    await typing.warmUp(state.tokenizer);
   }
   // where a keystroke's time goes: each graph's session.run, timed around the original
-  let calls = []; // this keystroke's: [graph (0: KV, 1: draft or branch), rows, tokens a row, ms]
+  let calls = []; // this keystroke's (or the work ahead's): [graph (0: KV, 1: draft or branch), rows, tokens a row, ms]
   const timed = (kvModel, graph) => {
     if (!kvModel) return;
     const run = kvModel.session.run.bind(kvModel.session);
@@ -47,21 +52,36 @@ TYPE_IN_PAGE = """async ({ texts, model, draft }) => {
       }
     };
   };
-  timed(state.context.model, 0);
-  timed(state.context.draft, 1);
-  const typed = [];
+  timed(typing.model, 0);
+  timed(typing.draft, 1);
+  const typed = [], sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+  let aheadCalls = 0; // graph calls of the work ahead that no key waited for
   for (const [k, text] of texts.entries()) {
-    const context = k === 0 ? state.context : new TypedContext(state.context.model, state.context.draft);
-    const steps = [{ ms: 0, words: [], calls: [] }]; // nothing is suggested before the first key
+    const context = k === 0 ? typing : new TypedContext(typing.model, typing.draft);
+    const look = new Lookahead(context, state.tokenizer);
+    const steps = [{ ms: 0, words: [], calls: [], ahead: false }]; // nothing is suggested before the first key
+    let due = performance.now();
     for (let i = 1; i < text.length; i++) {
+      if (interval > 0) await sleep(due - performance.now());
+      aheadCalls += calls.length;
       calls = [];
-      const r = await suggestWords(context, state.tokenizer, text.slice(0, i), 3);
-      steps.push({ ms: r.ms, words: r.words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls });
+      const r = interval > 0 ? await look.suggest(text.slice(0, i), 3)
+        : await suggestWords(context, state.tokenizer, text.slice(0, i), 3);
+      const ms = interval > 0 ? performance.now() - due : r.ms;
+      steps.push({ ms, words: r.words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls,
+                   ahead: r.ahead ?? false });
+      calls = [];
+      if (interval > 0) {
+        look.start(text.slice(0, i), likelyKeys(look.context, state.tokenizer, text.slice(0, i), r.words));
+        due = Math.max(due + interval, performance.now());
+      }
     }
+    await look.stop();
     typed.push(steps);
   }
-  return { typed, model: model ?? state.modelInfo.id, userAgent: navigator.userAgent,
-           extender: state.context.draft === null ? "full depth" : state.context.draft instanceof BranchModel ? "branch"
+  aheadCalls += calls.length;
+  return { typed, aheadCalls, model: model ?? state.modelInfo.id, userAgent: navigator.userAgent,
+           extender: typing.draft === null ? "full depth" : typing.draft instanceof BranchModel ? "branch"
              : "draft", threads: runtimeInfo().threads };
 }"""
 
@@ -87,13 +107,14 @@ def heldout_pieces(chars: int) -> list[str]:
 
 
 def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None, threads: int = 1,
-                           draft: bool = True) -> dict:
+                           draft: bool = True, interval_ms: float = 0) -> dict:
     """Type each of `texts` (from an empty context) in the page served at `url` (its default program, or `model`: an
     artifact id such as hrm.fp32.kv.onnx) on `threads` WASM threads, the chains on the branch (else draft) graph where
     the export has one (draft False: on the full depth), and return keyboard_metrics over all texts plus median_ms /
     p90_ms / p99_ms / max_ms per keystroke, where the time went (time_split, call_costs), the chips after each prefix
     of each text, the program, what extended the words (extender: "branch", "draft" or "full depth"), the threads and
-    the browser."""
+    the browser. interval_ms > 0: a key every interval_ms, the page's lookahead computing ahead in between (ahead: the
+    share of keys it had computed, ahead_calls: its other graph calls a key); 0: a key as soon as the last is done."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -105,7 +126,7 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
         page = browser.new_page(**PHONE)
         page.goto(url + f"?threads={threads}" + ("" if draft else "&draft=0"))
         page.wait_for_function("document.getElementById('status').dataset.ready === '1'", timeout=120_000)
-        out = page.evaluate(TYPE_IN_PAGE, {"texts": texts, "model": model, "draft": draft})
+        out = page.evaluate(TYPE_IN_PAGE, {"texts": texts, "model": model, "draft": draft, "interval": interval_ms})
         browser.close()
     steps = [s for typed in out["typed"] for s in typed[1:]]  # every keystroke of every text
     ms = np.array([s["ms"] for s in steps])
@@ -116,7 +137,8 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
             "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
             "time": time_split(ms, np.array([runs_of(c) for c in calls])), "calls": call_costs(calls),
             "browser": out["userAgent"], "model": out["model"], "extender": out["extender"], "threads": out["threads"],
-            "texts": len(texts), "chips": chips}
+            "texts": len(texts), "chips": chips, "interval_ms": interval_ms,
+            "ahead": float(np.mean([s["ahead"] for s in steps])), "ahead_calls": out["aheadCalls"] / len(steps)}
 
 
 def combined_metrics(metrics: list[dict]) -> dict:

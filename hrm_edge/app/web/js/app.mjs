@@ -5,15 +5,16 @@ import { generate } from "./generate.mjs";
 import { healPrompt, textAfter } from "./healing.mjs";
 import { AdaptiveModel, BranchModel, KvModel, fetchOk, loadTokenizer, runtimeInfo } from "./model.mjs";
 import { loadWebBundle, selfTest } from "./selftest.mjs";
-import { TypedContext, suggestWords } from "./suggest.mjs";
+import { Lookahead, likelyKeys } from "./lookahead.mjs";
+import { TypedContext } from "./suggest.mjs";
 
 const $ = (id) => document.getElementById(id);
 // A run starts this long after the last key (docs/keyboard.md, Measurements): shorter than the gap between a
 // phone typist's keys (~150-300 ms), so the chips follow every key with the run's time added; keys closer than
 // this (auto-repeat, a paste) share one run.
 const SUGGEST_DEBOUNCE_MS = 30;
-const state = { config: null, tokenizer: null, model: null, modelInfo: null, context: null, bundle: null,
-                busy: false, stop: false, suggestTimer: 0, suggesting: null, adaptive: null };
+const state = { config: null, tokenizer: null, model: null, modelInfo: null, lookahead: null,
+                bundle: null, busy: false, stop: false, suggestTimer: 0, suggesting: null, adaptive: null };
 // read by tests/test_demo.py (and handy in the browser console)
 window.hrmDemo = { lastCompletion: null, lastSelfTest: null, lastSuggestions: null, state };
 
@@ -24,6 +25,7 @@ function setStatus(text, error = false) {
 
 function setBusy(busy) {
   state.busy = busy;
+  if (busy) state.lookahead?.stop(); // the chips computed ahead wait: Complete and Self-test run the same sessions
   for (const id of ["complete", "selftest", "model"]) $(id).disabled = busy || !state.model;
   $("stop").disabled = !busy;
 }
@@ -51,8 +53,9 @@ async function selectModel(id) {
   const draft = !useDraft ? null
     : info.branch_url ? await BranchModel.load(info.branch_url, state.config.max_seq_len)
       : info.draft_url ? await KvModel.load(info.draft_url, state.config.max_seq_len) : null;
-  state.context = new TypedContext(state.model, draft);
-  await state.context.warmUp(state.tokenizer); // the first keystroke then costs what the others do
+  const context = new TypedContext(state.model, draft);
+  await context.warmUp(state.tokenizer); // the first keystroke then costs what the others do
+  state.lookahead = new Lookahead(context, state.tokenizer); // the typed context, and the likeliest next keys' chips
   const gate = info.passed ? "passed the export's parity gate" : "FAILED the export's parity gate";
   setStatus(`${info.id} loaded in ${Math.round(performance.now() - t)} ms (${gate})`, !info.passed);
   $("status").dataset.ready = "1";
@@ -78,10 +81,11 @@ async function showSuggestions() {
   if (state.busy || !state.model) return;
   if (state.suggesting) { scheduleSuggestions(); return; } // one run at a time; retry after it
   const text = textBeforeCursor();
-  state.suggesting = suggestWords(state.context, state.tokenizer, text);
+  state.suggesting = state.lookahead.suggest(text);
   try {
     const { words, ms } = await state.suggesting;
     if (text !== textBeforeCursor()) return; // typed on meanwhile: a newer run is scheduled
+    state.lookahead.start(text, likelyKeys(state.lookahead.context, state.tokenizer, text, words));
     const chips = words.map((w) => {
       const chip = document.createElement("button");
       chip.className = "suggestion";

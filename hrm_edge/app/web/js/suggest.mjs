@@ -42,6 +42,23 @@ export class TypedContext {
     // healing takes back a token that typing had committed, a keystroke goes back to the context of two before
     this.recent = new Map();
     this.texts = null; // [tokenizer, text of every token id]
+    this.cancelled = false; // set on a fork computing ahead (lookahead.mjs): its next graph call throws Cancelled
+  }
+
+  // A copy that computes on its own (the page's lookahead computes the chips of a guessed next key on one): it shares
+  // the cache, logits and chains computed so far, which are never changed in place, and keeps its own maps of them.
+  fork() {
+    const copy = new TypedContext(this.model, this.draft);
+    Object.assign(copy, { ids: this.ids, past: this.past, logits: this.logits, texts: this.texts,
+                          chains: new Map(this.chains) });
+    copy.recent = new Map([...this.recent].map(([key, { logits, chains }]) => [key,
+                                                                            { logits, chains: new Map(chains) }]));
+    return copy;
+  }
+
+  // Throws Cancelled if this fork's work was called off (before each graph call).
+  checkCancelled() {
+    if (this.cancelled) throw new Cancelled();
   }
 
   // Bring the cache to `ids` (reusing the longest common prefix); returns the last position's logits [V].
@@ -58,6 +75,7 @@ export class TypedContext {
       ({ logits: this.logits, chains: this.chains } = earlier);
     } else {
       common = Math.min(common, ids.length - 1); // the last token runs again to give its logits
+      this.checkCancelled();
       const out = await this.model.run(ids.slice(common), this.model.slicePast(this.past, common));
       this.ids = ids.slice();
       this.past = out.past;
@@ -87,6 +105,13 @@ export class TypedContext {
       this.texts = [tokenizer, texts];
     }
     return this.texts[1];
+  }
+}
+
+// Thrown by the graph calls of a fork whose work was called off (TypedContext.cancelled).
+export class Cancelled extends Error {
+  constructor() {
+    super("cancelled");
   }
 }
 
@@ -227,6 +252,8 @@ async function extend(context, chains, stillOpen, nextTokens, settled) {
   if (rows.length === 0 || cutShort(rows, settled)) return;
   let past = model.pastRows(context.past, rows.map(() => 0));
   for (;;) {
+    if (context.cancelled) cutShort(rows, () => true); // computed again by whoever reuses the fork's chains
+    context.checkCancelled();
     const out = await model.run(rows.map((chain) => chain.tokens[chain.tokens.length - 1]), past, rows.length);
     const grown = [], parents = []; // the chains after this step (forks after their chain), the row each came from
     rows.forEach((chain, b) => {
@@ -329,16 +356,23 @@ function memoDecoder(tokenizer) {
   };
 }
 
-// The n most likely whole next words after `text` (the text before the cursor).
-// Returns {words: [{label, insert, probability, ending}], ms}.
-export async function suggestWords(context, tokenizer, text, n = 3) {
-  const t0 = performance.now();
-  const ids = contextWindow(tokenizer.encode(text), context.model.maxSeqLen);
-  if (ids.length === 0) return { words: [], ms: 0 };
+// The ids of `text` in the context window, the index of the first one token healing takes back (the context is
+// ids[:cut], the chains spell the rest) and the partial word.
+export function typedIds(tokenizer, text, maxSeqLen) {
+  const ids = contextWindow(tokenizer.encode(text), maxSeqLen);
   const partial = trailingWord(text);
   // token healing: the last token, and earlier ones until HEAL_CHARS characters of the partial word, are
   // taken back; the chains spell their text again
   const cut = ids.length > 1 ? healedStart(tokenizer, ids, partial) : ids.length;
+  return { ids, cut, partial };
+}
+
+// The n most likely whole next words after `text` (the text before the cursor).
+// Returns {words: [{label, insert, probability, ending}], ms}.
+export async function suggestWords(context, tokenizer, text, n = 3) {
+  const t0 = performance.now();
+  const { ids, cut, partial } = typedIds(tokenizer, text, context.model.maxSeqLen);
+  if (ids.length === 0) return { words: [], ms: 0 };
   const logits = await context.update(ids.slice(0, cut));
   const texts = context.tokenTexts(tokenizer, logits.length);
   const prefix = cut < ids.length ? tokenizer.decode(ids.slice(cut)) : "";
