@@ -36,9 +36,9 @@ export class Lookahead {
     const run = async () => {
       for (const key of keys) {
         if (this.stopping) return;
-        const fork = { context: this.closest(text + key).fork(), text: text + key, words: null };
-        this.forks.push(fork);
         try {
+          const fork = { context: this.closest(text + key).fork(), text: text + key, words: null };
+          this.forks.push(fork);
           fork.words = (await suggestWords(fork.context, this.tokenizer, fork.text, n)).words;
         } catch {
           return; // called off (Cancelled), or failed: the key, if it comes, computes its chips itself
