@@ -91,6 +91,8 @@ for (const texts of job.sequences) { // one typing session (one cache) per seque
       model.onCall = () => { if (i % 2 === 1 && ++calls === k) look.stop(); };
       if (draft) draft.onCall = model.onCall;
       await look.start(text, i % 3 === 2 ? keys.reverse() : keys);
+      model.onCall = null; // the next key's own calls are not counted
+      if (draft) draft.onCall = null;
     }
   }
   out.push(steps);

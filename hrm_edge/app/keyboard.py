@@ -58,7 +58,7 @@ TYPE_IN_PAGE = """async ({ texts, model, draft, interval }) => {
   let aheadCalls = 0; // graph calls of the work ahead that no key waited for
   for (const [k, text] of texts.entries()) {
     const context = k === 0 ? typing : new TypedContext(typing.model, typing.draft);
-    const look = new Lookahead(context, state.tokenizer);
+    const look = interval > 0 ? new Lookahead(context, state.tokenizer) : null;
     const steps = [{ ms: 0, words: [], calls: [], ahead: false }]; // nothing is suggested before the first key
     let due = performance.now();
     for (let i = 1; i < text.length; i++) {
@@ -76,7 +76,7 @@ TYPE_IN_PAGE = """async ({ texts, model, draft, interval }) => {
         due = Math.max(due + interval, performance.now());
       }
     }
-    await look.stop();
+    await look?.stop();
     typed.push(steps);
   }
   aheadCalls += calls.length;

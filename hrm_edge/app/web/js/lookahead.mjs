@@ -4,7 +4,7 @@
 // changes. The next key stops the work ahead before its next graph call (a WASM call cannot be interrupted), so a key
 // waits for at most the call in flight, and carries on from whichever context (the typed one or a fork) holds the
 // longest start of its own: a window run again ahead (docs/keyboard.md step 2) serves a key that was not guessed too.
-import { suggestWords, typedIds } from "./suggest.mjs";
+import { probabilities, suggestWords, typedIds } from "./suggest.mjs";
 
 export const LOOKAHEAD_KEYS = 1; // next keys computed ahead: 1 (half the extra graph calls of 2; docs/keyboard.md "Lookahead")
 
@@ -86,16 +86,13 @@ export function likelyKeys(context, tokenizer, text, words, count = LOOKAHEAD_KE
   if (keys.length >= count || !context.logits) return keys;
   const { ids, cut } = typedIds(tokenizer, text, context.model.maxSeqLen);
   const prefix = cut < ids.length ? tokenizer.decode(ids.slice(cut)) : "";
-  const texts = context.tokenTexts(tokenizer, context.logits.length), logits = context.logits;
-  const mass = new Map(); // next character -> summed exp(logit - max) of the tokens that continue with it
-  let max = -Infinity;
-  for (let t = 0; t < logits.length; t++) if (logits[t] > max) max = logits[t];
-  for (let t = 0; t < logits.length; t++) {
-    const tokenText = texts[t];
-    if (tokenText.length <= prefix.length || !tokenText.startsWith(prefix)) continue;
+  const texts = context.tokenTexts(tokenizer, context.logits.length), probability = probabilities(context.logits);
+  const mass = new Map(); // next character -> summed probability of the tokens that continue with it
+  texts.forEach((tokenText, t) => {
+    if (tokenText.length <= prefix.length || !tokenText.startsWith(prefix)) return;
     const ch = String.fromCodePoint(tokenText.codePointAt(prefix.length));
-    mass.set(ch, (mass.get(ch) ?? 0) + Math.exp(logits[t] - max));
-  }
+    mass.set(ch, (mass.get(ch) ?? 0) + probability(t));
+  });
   [...mass].sort((a, b) => b[1] - a[1]).forEach(([ch]) => add(ch));
   return keys;
 }

@@ -56,11 +56,6 @@ export class TypedContext {
     return copy;
   }
 
-  // Throws Cancelled if this fork's work was called off (before each graph call).
-  checkCancelled() {
-    if (this.cancelled) throw new Cancelled();
-  }
-
   // Bring the cache to `ids` (reusing the longest common prefix); returns the last position's logits [V].
   async update(ids) {
     let common = 0;
@@ -75,7 +70,7 @@ export class TypedContext {
       ({ logits: this.logits, chains: this.chains } = earlier);
     } else {
       common = Math.min(common, ids.length - 1); // the last token runs again to give its logits
-      this.checkCancelled();
+      if (this.cancelled) throw new Cancelled(); // a fork's work called off: no more graph calls
       const out = await this.model.run(ids.slice(common), this.model.slicePast(this.past, common));
       this.ids = ids.slice();
       this.past = out.past;
@@ -159,7 +154,7 @@ export function contextWindow(ids, maxSeqLen) {
 
 // (t) -> exp(logits[t] - max) / sum_j exp(logits[j] - max), in float64 (the same sum order in every language); the
 // sum is taken once per logits row (4,096 Math.exp calls, the largest part of the page's own time)
-function probabilities(logits) {
+export function probabilities(logits) {
   const n = logits.length;
   let max = -Infinity, sum = 0;
   for (let i = 0; i < n; i++) if (logits[i] > max) max = logits[i];
@@ -252,8 +247,10 @@ async function extend(context, chains, stillOpen, nextTokens, settled) {
   if (rows.length === 0 || cutShort(rows, settled)) return;
   let past = model.pastRows(context.past, rows.map(() => 0));
   for (;;) {
-    if (context.cancelled) cutShort(rows, () => true); // computed again by whoever reuses the fork's chains
-    context.checkCancelled();
+    if (context.cancelled) { // the open chains are computed again by whoever reuses the fork's chains
+      for (const chain of rows) chain.cutShort = true;
+      throw new Cancelled();
+    }
     const out = await model.run(rows.map((chain) => chain.tokens[chain.tokens.length - 1]), past, rows.length);
     const grown = [], parents = []; // the chains after this step (forks after their chain), the row each came from
     rows.forEach((chain, b) => {
