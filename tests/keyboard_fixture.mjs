@@ -85,10 +85,11 @@ for (const texts of job.sequences) { // one typing session (one cache) per seque
     if (job.lookahead) { // guess the next key (where it is one more character) and a wrong one, in either order
       const next = texts[i + 1] ?? "", key = next.startsWith(text) ? next.slice(text.length) : "";
       const keys = [key.length === 1 ? key : "#", key === "x" ? "y" : "x"];
-      // at every other key the work ahead is called off at its k-th graph call, as a key coming in the middle does
+      // at every other key the work ahead is called off at its k-th graph call, as a key coming in the middle does;
+      // with job.callOffAt, at every key at that call
       let calls = 0;
-      const k = 1 + (i % 7);
-      model.onCall = () => { if (i % 2 === 1 && ++calls === k) look.stop(); };
+      const k = job.callOffAt ?? 1 + (i % 7);
+      model.onCall = () => { if ((job.callOffAt || i % 2 === 1) && ++calls === k) look.stop(); };
       if (draft) draft.onCall = model.onCall;
       await look.start(text, i % 3 === 2 ? keys.reverse() : keys);
       model.onCall = null; // the next key's own calls are not counted

@@ -371,12 +371,14 @@ def page_modules(tmp_path) -> str:
     return node
 
 
-def node_words(tokenizer, allowed, tmp_path, lookahead: bool = False) -> list:
+def node_words(tokenizer, allowed, tmp_path, lookahead: bool = False, call_off_at: int | None = None) -> list:
+    """The page's words at every keystroke of SESSIONS (keyboard_fixture.mjs); with the lookahead, its work ahead
+    called off at every other key at a graph call that varies, or with call_off_at at every key at that call."""
     node = page_modules(tmp_path)
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"tokenizer": str(TOKENIZER), "vocab": tokenizer.get_vocab_size(), "allowed": allowed,
                                "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED, "lookahead": lookahead,
-                               "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
+                               "callOffAt": call_off_at, "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
     proc = subprocess.run([node, str(tmp_path / "keyboard_fixture.mjs"), str(job)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -409,14 +411,21 @@ def test_javascript_gives_the_same_words(tokenizer, allowed, tmp_path):
 def test_the_page_lookahead_gives_the_same_words(tokenizer, allowed, tmp_path):
     """The page's lookahead (lookahead.mjs) typing the same sessions, computing ahead after each key the chips of
     the key that comes and of a wrong one, on forks of the typed context, and called off in the middle at every other
-    key: the same words as Python at every keystroke; a key computed ahead makes no graph call."""
+    key: the same words as Python at every keystroke; a key computed ahead makes no graph call. Then called off at
+    every key at its k-th graph call, for each k from 1 to 7: the same words (at k = 5 a chain of the called-off
+    extension that spelled the taken-back text in 2 tokens and is open after 3 more is reused by the next key: unless
+    it is marked cut short, it is read as dropped instead of grown)."""
+    want = python_words(tokenizer, allowed)
     sessions = node_words(tokenizer, allowed, tmp_path, lookahead=True)
-    assert_same_words([[step["words"] for step in steps] for steps in sessions], python_words(tokenizer, allowed),
-                      "lookahead.mjs")
+    assert_same_words([[step["words"] for step in steps] for steps in sessions], want, "lookahead.mjs")
     steps = [step for steps in sessions for step in steps]
     ahead = [step for step in steps if step["ahead"]]
     assert len(ahead) > len(steps) // 4, (len(ahead), len(steps))  # the keys whose work ahead ran to its end
     assert all(not step["calls"] and not step["draftCalls"] for step in ahead)
+    for k in range(1, 8):
+        sessions = node_words(tokenizer, allowed, tmp_path / f"k{k}", lookahead=True, call_off_at=k)
+        assert_same_words([[step["words"] for step in steps] for steps in sessions], want,
+                          f"lookahead.mjs called off at graph call {k}")
 
 
 ENCODE_JOB = """import { readFileSync } from "node:fs";
