@@ -378,7 +378,8 @@ def node_words(tokenizer, allowed, tmp_path, lookahead: bool = False, call_off_a
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"tokenizer": str(TOKENIZER), "vocab": tokenizer.get_vocab_size(), "allowed": allowed,
                                "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED, "lookahead": lookahead,
-                               "callOffAt": call_off_at, "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
+                               "callOffAt": call_off_at,
+                               "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
     proc = subprocess.run([node, str(tmp_path / "keyboard_fixture.mjs"), str(job)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
