@@ -1,9 +1,12 @@
 """The ONNX graph passes on hand-built graphs: what they remove or move, and that results do not change."""
+import logging
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from hrm_edge.export.onnx import mobile_usability
 from hrm_edge.export.onnx_passes import (NbitsFormat, blockwise_quantize, hoist_loop_invariants, matmuls_to_nbits,
                                          merge_split_concat, nbits_node, slots_as_scan_outputs, step_op_counts,
                                          weights_into_body)
@@ -256,3 +259,23 @@ def test_matmuls_with_named_weights_in_the_loop_body_become_nbits():
         exact = (exact @ w + exact @ v) @ r
     np.testing.assert_allclose(_run(model, x), expected, atol=1e-4, rtol=0)
     assert np.abs(expected - exact).max() > 1e-4, "the 8-bit weights differ from the float ones"
+
+
+def test_mobile_usability_is_recorded_in_process_even_with_logging_silenced(tmp_path):
+    """The exporter silences third-party log records process-wide (hrm_edge.quiet): the usability report is kept
+    anyway (it is not read from a logger), and a file onnxruntime cannot read gives an error line, not an exception."""
+    body = _body([helper.make_node("Add", ["z_in", "z_in"], ["z_out"]), helper.make_node("Identity", ["cond_in"],
+                                                                                            ["cond_out"])], [])
+    path = tmp_path / "loop.onnx"
+    onnx.save(_loop(body, 4, []), str(path))
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        verdict = mobile_usability(path)
+    finally:
+        logging.disable(previous)
+    assert verdict["nnapi_or_coreml_may_help"] in (True, False) and "error" not in verdict, verdict
+    assert any("NNAPI" in line for line in verdict["summary"]) or any("CoreML" in line for line in verdict["summary"])
+    (tmp_path / "not.onnx").write_text("not a model")
+    broken = mobile_usability(tmp_path / "not.onnx")
+    assert "nnapi_or_coreml_may_help" not in broken and "Protobuf" in broken["error"], broken

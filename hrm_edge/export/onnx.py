@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 import torch
 from onnx import TensorProto, helper
+from onnxruntime.tools.mobile_helpers import usability_checker
 
 from hrm_edge.export.calibrate import BLOCK_LINEARS
 from hrm_edge.export.names import ort_name
@@ -490,10 +491,39 @@ def export_ort(onnx_paths: list[Path], out_dir: Path) -> tuple[list[Path], Path]
     return written, out_dir / "required_operators.config"
 
 
+class UsabilityReport:
+    """Stands in for the logger onnxruntime's usability checker writes to: its lines, as its command line prints
+    them ("INFO:  ..."), kept in a list. Not a logging.Logger, so the exporter's process-wide silencing of
+    third-party log records (hrm_edge.quiet) does not empty the report."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def getEffectiveLevel(self) -> int:  # the checker writes its partition analysis at INFO and below
+        return logging.INFO
+
+    def _keep(self, level: str, msg, *args) -> None:
+        self.lines += f"{level}:  {msg % args if args else msg}".splitlines()
+
+    def debug(self, msg, *args) -> None:
+        pass
+
+    def info(self, msg, *args) -> None:
+        self._keep("INFO", msg, *args)
+
+    def warning(self, msg, *args) -> None:
+        self._keep("WARNING", msg, *args)
+
+
 def mobile_usability(onnx_path: Path) -> dict:
-    """onnxruntime.tools.check_onnx_model_mobile_usability's verdict, recorded in the manifest."""
-    proc = subprocess.run([sys.executable, "-m", "onnxruntime.tools.check_onnx_model_mobile_usability", str(onnx_path)],
-                          capture_output=True, text=True)
-    text = (proc.stdout + proc.stderr).strip().splitlines()
-    keep = [l.split(" - ", 1)[-1].strip() for l in text if "INFO" in l or "WARNING" in l]
-    return {"exit_code": proc.returncode, "summary": keep[-12:]}
+    """onnxruntime's mobile usability check (check_onnx_model_mobile_usability's analysis, run in this process: a
+    subprocess per graph spent ~4 s importing torch and onnx, a minute of a default export), recorded in the manifest:
+    whether NNAPI or CoreML may beat the CPU EP, and the last lines of its report."""
+    report = UsabilityReport()
+    try:
+        try_eps = usability_checker.analyze_model(Path(onnx_path), skip_optimize=False, logger=report)
+    except Exception as e:  # a verdict, not a reason to fail the export (the parity gate decides that)
+        return {"error": f"{type(e).__name__}: {e}".splitlines()[0], "summary": report.lines[-12:]}
+    said = [(line, line.partition(":")[2].strip()) for line in report.lines if line.startswith(("INFO", "WARNING"))]
+    summary = [line.strip() for line, text in said if text.strip("=-")]  # no separator or blank lines
+    return {"nnapi_or_coreml_may_help": bool(try_eps), "summary": summary[-12:]}

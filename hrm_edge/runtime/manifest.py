@@ -50,7 +50,7 @@ class Artifact:
     reference: str | None = None  # int8: name of its eager int8 reference in the bundle
     weight_bytes: int | None = None  # int8: its own weight bytes (size rule); else the model's unique bytes
     quantization: dict | None = None  # int8: hrm_edge.export.quantize's record of the mode
-    mobile_usability: dict | None = None  # ONNX: check_onnx_model_mobile_usability's verdict
+    mobile_usability: dict | None = None  # ONNX: onnxruntime's mobile usability verdict (export.onnx)
     converted_from: str | None = None  # .ort: the ONNX file it was converted from
     # .pte: copies of the tied embedding table it stores (2: the gather's and the XNNPACK head's, which decodes
     # 90x faster than the head on the portable kernels; the size rule counts both)
