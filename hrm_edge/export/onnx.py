@@ -514,6 +514,11 @@ class UsabilityReport:
     def warning(self, msg, *args) -> None:
         self._keep("WARNING", msg, *args)
 
+    def summary(self) -> list[str]:
+        """The last 12 lines that say something: no continuation of a multi-line message, separator or blank line."""
+        said = [line.rstrip() for line in self.lines if line.startswith(("INFO", "WARNING"))]
+        return [line for line in said if line.partition(":")[2].strip().strip("=-")][-12:]
+
 
 def mobile_usability(onnx_path: Path) -> dict:
     """onnxruntime's mobile usability check (check_onnx_model_mobile_usability's analysis, run in this process: a
@@ -523,7 +528,5 @@ def mobile_usability(onnx_path: Path) -> dict:
     try:
         try_eps = usability_checker.analyze_model(Path(onnx_path), skip_optimize=False, logger=report)
     except Exception as e:  # a verdict, not a reason to fail the export (the parity gate decides that)
-        return {"error": f"{type(e).__name__}: {e}".splitlines()[0], "summary": report.lines[-12:]}
-    said = [(line, line.partition(":")[2].strip()) for line in report.lines if line.startswith(("INFO", "WARNING"))]
-    summary = [line.strip() for line, text in said if text.strip("=-")]  # no separator or blank lines
-    return {"nnapi_or_coreml_may_help": bool(try_eps), "summary": summary[-12:]}
+        return {"error": f"{type(e).__name__}: {e}".splitlines()[0], "summary": report.summary()}
+    return {"nnapi_or_coreml_may_help": bool(try_eps), "summary": report.summary()}
