@@ -12,7 +12,10 @@ from test_peers import BENCH_DECODE_KEYS
 
 X86_CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 167
 model name\t: Intel(R) Xeon(R) Processor
+stepping\t: 8
 flags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_vnni avx_vnni amx_bf16 amx_tile amx_int8
 
 processor\t: 1
@@ -41,19 +44,21 @@ def test_cpu_info_reads_x86_flags_and_caches(tmp_path):
     caches = cache_dir(tmp_path / "cache", [(1, "Data", "48K", "0"), (1, "Instruction", "32K", "0"),
                                             (2, "Unified", "2048K", "0"), (3, "Unified", "107520K", "0-1")])
     info = cpu_info(1, tmp_path / "cpuinfo", caches)
-    assert info["model"] == "Intel(R) Xeon(R) Processor"
+    assert info["model"] == "Intel(R) Xeon(R) Processor" and info["family"] == "6/167/8"
     assert info["isa"] == ["avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16"]
     assert info["l2_bytes"] == 2 * 2**20 and info["l3_bytes"] == 105 * 2**20
     assert info["threads"] == 1 and info["cores"] >= 1
     line = describe_cpu(info | {"cores": 2})
-    assert line == "CPU: Intel(R) Xeon(R) Processor (AVX-512, VNNI, AMX), L2 2 MiB/core, L3 105 MiB, 2 cores; 1 thread"
+    assert line == ("CPU: Intel(R) Xeon(R) Processor (family 6 model 167 stepping 8; AVX-512, VNNI, AMX), L2 2 MiB/core, "
+                    "L3 105 MiB, 2 cores; 1 thread")
+    assert describe_cpu(info | {"cores": 2, "family": None}).startswith("CPU: Intel(R) Xeon(R) Processor (AVX-512, VNNI")
 
 
 def test_cpu_info_reads_arm_features_and_survives_missing_files(tmp_path):
     (tmp_path / "cpuinfo").write_text(ARM_CPUINFO)
     caches = cache_dir(tmp_path / "cache", [(1, "Data", "64K", "0"), (2, "Unified", "1024K", "0")])
     info = cpu_info(None, tmp_path / "cpuinfo", caches)
-    assert info["isa"] == ["asimd", "asimddp", "i8mm", "sve"] and "threads" not in info
+    assert info["isa"] == ["asimd", "asimddp", "i8mm", "sve"] and "threads" not in info and info["family"] is None
     assert info["l2_bytes"] == 2**20 and info["l3_bytes"] is None
     assert describe_cpu(info | {"model": "Neoverse-V1", "cores": 4}) == \
         "CPU: Neoverse-V1 (NEON, dotprod, i8mm, SVE), L2 1 MiB/core, 4 cores"

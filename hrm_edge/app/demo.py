@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,6 +28,7 @@ from urllib.parse import unquote, urlsplit
 
 from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_pieces, heldout_text
 from hrm_edge.errors import UserError, run_cli
+from hrm_edge.measure.harness import cpu_info, describe_cpu
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.manifest import contained_path, manifest_json, read_manifest, verify_files
 from hrm_edge.verify.parity import load_bundle
@@ -313,6 +315,7 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     else:
         texts = heldout_pieces(a.keyboard_chars) if a.keyboard_sample == "spread" else [heldout_text(a.keyboard_chars)]
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     try:
         r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", texts, a.keyboard_model,
                                    a.keyboard_threads, draft=not a.keyboard_full_depth,
@@ -323,6 +326,8 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     pieces = f" in {r['texts']} pieces, each from an empty context" if r["texts"] > 1 else ""
     print(f"[demo] keyboard bench: {r['model']}, {r['characters']} characters typed one at a time{pieces}, "
           f"{r['browser']}")
+    # every timing below belongs to this machine: the CPUs these benches ran on differed by 2x and more
+    print(f"{describe_cpu(cpu_info())}; {started} UTC, load average {os.getloadavg()[0]:.1f} at the end")
     if r["interval_ms"] > 0:
         print(f"a key every {r['interval_ms']:g} ms; the lookahead had computed the chips of {r['ahead']:.0%} of the "
               f"keys, at {r['ahead_calls']:.2f} more graph calls a key")

@@ -78,10 +78,12 @@ def _caches(cache_dir: Path) -> dict[int, int]:
 
 def cpu_info(threads: int | None = None, cpuinfo: Path = Path("/proc/cpuinfo"),
              cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict:
-    """model (name), isa (the int8/fp32 instruction sets present, see X86_ISA and ARM_ISA), l2_bytes (cpu0's
-    L2: per core on current x86, per cluster where cores share one), l3_bytes (the L3 cpu0 shares with the other
-    cores of its socket or cluster: one socket's total), cores (the CPUs this process may run on), threads (the
-    measurement's thread count, where given). Missing files leave their fields None or empty."""
+    """model (name), family (x86's "cpu family", "model" and "stepping" as "25/1/1": a virtual machine's model name
+    is often just "AMD EPYC", and these tell its generations apart), isa (the int8/fp32 instruction sets present, see
+    X86_ISA and ARM_ISA), l2_bytes (cpu0's L2: per core on current x86, per cluster where cores share one), l3_bytes
+    (the L3 cpu0 shares with the other cores of its socket or cluster: one socket's total), cores (the CPUs this
+    process may run on), threads (the measurement's thread count, where given). Missing files leave their fields
+    None or empty."""
     try:
         text = cpuinfo.read_text()
     except OSError:
@@ -93,7 +95,9 @@ def cpu_info(threads: int | None = None, cpuinfo: Path = Path("/proc/cpuinfo"),
     flags = set((fields.get("flags") or fields.get("features") or "").split())
     caches = _caches(cache_dir)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    family = [fields.get(key) for key in ("cpu family", "model", "stepping")]
     info = {"model": fields.get("model name") or platform.processor() or platform.machine(),
+            "family": "/".join(family) if all(family) else None,
             "isa": [name for name in X86_ISA + ARM_ISA if name in flags],
             "l2_bytes": caches.get(2), "l3_bytes": caches.get(3), "cores": cores}
     return info | ({"threads": threads} if threads is not None else {})
@@ -115,9 +119,12 @@ def _mib(n: int) -> str:
 
 
 def describe_cpu(cpu: dict) -> str:
-    """One caption line: "CPU: Intel Xeon (AVX-512, VNNI, AMX), L2 2 MiB/core, L3 105 MiB, 2 cores; 1 thread"."""
-    words = _isa_words(cpu.get("isa", []))
-    text = f"CPU: {cpu.get('model') or '?'}" + (f" ({', '.join(words)})" if words else "")
+    """One caption line: "CPU: Intel Xeon (family 6 model 167 stepping 8; AVX-512, VNNI, AMX), L2 2 MiB/core, L3 105
+    MiB, 2 cores; 1 thread" (no family for a record made before it was kept, or off x86)."""
+    words = ", ".join(_isa_words(cpu.get("isa", [])))
+    if cpu.get("family"):
+        words = "family {} model {} stepping {}".format(*cpu["family"].split("/")) + (f"; {words}" if words else "")
+    text = f"CPU: {cpu.get('model') or '?'}" + (f" ({words})" if words else "")
     text += f", L2 {_mib(cpu['l2_bytes'])}/core" if cpu.get("l2_bytes") else ""
     text += f", L3 {_mib(cpu['l3_bytes'])}" if cpu.get("l3_bytes") else ""
     text += f", {cpu.get('cores', '?')} cores"
