@@ -116,12 +116,16 @@ class ProcessGroup:
     device: torch.device
 
 
-def _process_group(batch_size: int) -> ProcessGroup:
-    distributed = dist.is_available() and dist.is_initialized()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+def check_batch_split(batch_size: int, world: int) -> None:
     if batch_size % world:
         raise UserError(f"batch_size {batch_size} is not divisible by the number of processes ({world}); "
                         f"the global batch is split evenly across them")
+
+
+def _process_group(batch_size: int) -> ProcessGroup:
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    check_batch_split(batch_size, world)
     # NCCL only moves CUDA tensors: a GPU per process (main set it). Without torchrun: the GPU if there is one
     # (the same steps, in bf16 where the preset asks for it), else the CPU
     if distributed:
@@ -436,15 +440,18 @@ def main(argv=None) -> int:
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
             share = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
             preset.train.threads = min(preset.train.threads or share, share)
-        _init_distributed()
     try:
+        if distributed:
+            # before joining: a rank that left after its own join (on this error) broke rank 0's still under way
+            check_batch_split(preset.train.batch_size, int(os.environ.get("WORLD_SIZE", 1)))
+            _init_distributed()
         state = train(preset, a.out, resume=a.resume, progress=not a.no_progress)
     except UserError:
         if rank != 0:
             return 2  # every rank meets the same input error: rank 0 reports it, once
         raise
     finally:
-        if distributed:
+        if distributed and dist.is_initialized():
             dist.destroy_process_group()
     if state["history"] and rank == 0:
         last = state["history"][-1]
