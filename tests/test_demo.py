@@ -11,6 +11,7 @@ import urllib.request
 from functools import partial
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -152,6 +153,77 @@ def test_the_page_gets_the_gated_draft_and_verify_graphs(tmp_path):
         export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
 
 
+def loop_graph(path: Path, steps: int, w: np.ndarray, b_main: np.ndarray, b_body: np.ndarray) -> Path:
+    """y = (x W + b_body) applied `steps` times in a Loop, then y W + b_main: W is a Loop-body initializer and a
+    main-graph one under other names (the same bytes), and "b" names a different tensor in each graph."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    f32 = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]), helper.make_node("MatMul", ["h", "w_body"], ["hw"]),
+         helper.make_node("Add", ["hw", "b"], ["h_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []), f32("h", [1, 256])], [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), f32("h_out", [1, 256])],
+        [numpy_helper.from_array(w, "w_body"), numpy_helper.from_array(b_body, "b")])
+    main = helper.make_graph(
+        [helper.make_node("Loop", ["steps", "", "x"], ["h"], body=body), helper.make_node("MatMul", ["h", "w"], ["hw"]),
+         helper.make_node("Add", ["hw", "b"], ["y"])], "main", [f32("x", [1, 256])], [f32("y", [1, 256])],
+        [numpy_helper.from_array(np.array(steps, np.int64), "steps"), numpy_helper.from_array(w, "w"),
+         numpy_helper.from_array(b_main, "b")])
+    model = helper.make_model(main, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_a_programs_graphs_share_one_weights_file(tmp_path):
+    """shared_weights: the graphs compute what they did (onnxruntime, bit for bit), each distinct large tensor is
+    stored once for every graph and name, no large initializer is left in a graph or a Loop body (onnxruntime-web
+    reads external data of the main graph's only), and a name the main graph has already is renamed in the body."""
+    import onnx
+    import onnxruntime as ort
+
+    from hrm_edge.app.shared_weights import share_weights
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((256, 256)) / 16).astype(np.float32)
+    b_main, b_body = (rng.standard_normal(256).astype(np.float32) for _ in range(2))
+    (tmp_path / "src").mkdir()
+    (tmp_path / "dst").mkdir()
+    graphs = [loop_graph(tmp_path / "src" / f"g{k}.onnx", k, w, b_main, b_body) for k in (2, 3)]
+    written = share_weights(graphs, tmp_path / "dst", "p.weights")
+    assert [p.name for p in written] == ["g2.onnx", "g3.onnx", "p.weights"]
+    assert written[-1].stat().st_size == w.nbytes + 2 * b_main.nbytes  # W once; each b once (64-aligned sizes)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    for src, dst in zip(graphs, written):
+        want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        got = ort.InferenceSession(dst, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        assert np.array_equal(got, want)
+        model = onnx.load(dst, load_external_data=False)
+        body = model.graph.node[0].attribute[0].g
+        assert not body.initializer and all(len(t.raw_data) < 1024 for t in model.graph.initializer)
+        assert "Loop.b" in body.node[2].input  # the body's "b", renamed beside the main graph's
+        assert dst.stat().st_size < 4096
+    (tmp_path / "bad.onnx").write_bytes(b"not really onnx")
+    with pytest.raises(ValueError, match="bad.onnx is not an ONNX graph"):
+        share_weights([tmp_path / "bad.onnx"], tmp_path / "dst", "q.weights")
+
+
+def test_graphs_onnx_cannot_read_are_served_as_exported(tmp_path, monkeypatch):
+    from hrm_edge.app.demo import export_routes, with_shared_weights
+    from hrm_edge.verify.parity import read_manifest
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = fake_export(tmp_path / "e")
+    routes, config = export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
+    lines = []
+    with_shared_weights(routes, config, log=lines.append)
+    assert config["models"][0]["url"] == "/export/m.kv.onnx" and "weights" not in config["models"][0]
+    assert lines == ["[demo] m.kv.onnx: serving its graphs as exported (their weights not shared: m.kv.onnx is not an "
+                     "ONNX graph)"]
+
+
 def test_missing_npm_is_one_error_line(tmp_path):
     root = fake_export(tmp_path / "e")
     env = dict(os.environ, PYTHONPATH=str(REPO), PATH=str(tmp_path / "empty-bin"), XDG_CACHE_HOME=str(tmp_path / "cache"))
@@ -225,10 +297,13 @@ def browser():
         b.close()
 
 
-def open_page(browser, url):
+def open_page(browser, url, requests: list | None = None):
+    """The page at a phone's viewport, loaded with no page error; `requests` gets the url of every request."""
     page = browser.new_page(**PHONE)
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
+    if requests is not None:
+        page.on("request", lambda r: requests.append(urlsplit(r.url).path))
     page.goto(url)
     page.wait_for_function("document.getElementById('status').dataset.ready === '1'", timeout=120_000)
     assert not errors, errors
@@ -311,7 +386,7 @@ ADAPTIVE_STEPS = """async ({ tokens, prefill, threshold }) => {
   const { AdaptiveModel } = await import("/app/js/model.mjs");
   const { state } = window.hrmDemo;
   const info = state.modelInfo;
-  const adaptive = await AdaptiveModel.load(info.draft_url, info.verify_url, state.config.max_seq_len);
+  const adaptive = await AdaptiveModel.load(info.draft_url, info.verify_url, state.config.max_seq_len, info.weights);
   const out = await state.model.run(tokens.slice(0, prefill), state.model.emptyPast());
   let halves = adaptive.split(out.past);
   const steps = [];
@@ -354,9 +429,15 @@ def test_page_adaptive_steps_are_pythons(default_export, browser):
 
 @pytest.mark.slow
 def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
-    server = DemoServer(default_export)
+    server, requests = DemoServer(default_export), []
     try:
-        page = open_page(browser, server.url)
+        page = open_page(browser, server.url, requests)
+        # the default (int8) program's KV and branch graphs came with their weights in one file, fetched once
+        shared = [u for u in requests if u.startswith("/shared/")]
+        assert sorted(u.rsplit("/", 1)[1] for u in shared) == ["hrm.int8-static-perstep.branch.onnx",
+                                                               "hrm.int8-static-perstep.kv.onnx",
+                                                               "hrm.int8-static-perstep.weights"], requests
+        assert not [u for u in requests if u.startswith("/export/") and u.endswith(".onnx")], requests
         # suggestions after typing
         page.fill("#text", "import o")
         page.wait_for_function("window.hrmDemo.lastSuggestions && window.hrmDemo.lastSuggestions.text === 'import o'",
@@ -384,6 +465,8 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
         # the page's default lookup (8): each token after the first from a decode call or a verified guess
         assert completion["calls"] + completion["fromContext"] == 63, completion
         print(f"browser greedy decode: {completion['decodeTokensPerS']:.0f} tokens/s; {page.inner_text('#stats')}")
+        weights = [u.rsplit("/", 1)[1] for u in requests if u.endswith(".weights")]
+        assert weights == ["hrm.int8-static-perstep.weights", "hrm.fp32.weights"], weights  # each program's once
 
         # self-test: fp32 passes, with the numbers Python computes on the same bundle
         fp32 = run_self_test(page)

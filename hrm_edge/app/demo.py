@@ -7,7 +7,8 @@
 The server only hands out files; the model runs in the browser. It serves the page (hrm_edge/app/web/), its two
 pinned JS packages (installed once with `npm ci` into ~/.cache/hrm-edge/web/, $XDG_CACHE_HOME honoured), and
 from the export folder only what the page needs (tokenizer.json, the ONNX / ORT KV-cache programs, the web
-parity bundle), each checked against the manifest's sha256 before the server starts (--no-verify skips it).
+parity bundle), each checked against the manifest's sha256 before the server starts (--no-verify skips it). An
+ONNX program's graphs reach the page with their weights in one shared file (hrm_edge/app/shared_weights.py).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_pieces, heldout_text
+from hrm_edge.app.shared_weights import EXTERNAL_MIN_BYTES, share_weights, weights_name
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.measure.harness import cpu_info, describe_cpu
 from hrm_edge.quiet import quiet_third_party
@@ -52,11 +54,15 @@ ISOLATION_HEADERS = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-
 
 
 # ---- the pinned JS packages ----
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hrm-edge"
+
+
 def web_packages(log=print) -> Path:
     """node_modules of hrm_edge/app/web/package-lock.json, installed with `npm ci` on first use into a cache folder
     named by the lock file's hash (a changed lock file installs afresh)."""
     lock = (WEB_DIR / "package-lock.json").read_bytes()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hrm-edge" / "web"
+    cache = cache_root() / "web"
     target = cache / hashlib.sha256(lock).hexdigest()[:16]
     if (target / ".installed").is_file():
         return target / "node_modules"
@@ -165,6 +171,50 @@ def export_routes(out_dir: Path, manifest: dict, verify: bool, log=print) -> tup
         "export": {"folder": out_dir.resolve().name, "passed": bool(manifest.get("passed"))},
     }
     return routes, config
+
+
+def with_shared_weights(routes: dict, config: dict, log=print) -> None:
+    """Serve each ONNX program's graphs (KV, branch, draft, verify) with their weights in one file (shared_weights),
+    built once into a cache folder named by the graphs' sha256; edits `routes` and `config` in place: the graphs' urls
+    name the new files, and the program's entry gets `weights` {url, path, bytes}, which the page's sessions need. A
+    program whose graphs onnx cannot read keeps its self-contained files (a line says so)."""
+    for model in (m for m in config["models"] if m["format"] == "onnx"):
+        keys = [k for k in ("url", "branch_url", "draft_url", "verify_url") if model.get(k)]
+        files = [routes[model[k]] for k in keys]
+        digest = hashlib.sha256(f"shared-weights 1 {EXTERNAL_MIN_BYTES}".encode())
+        for f in files:
+            digest.update(hashlib.sha256(f.read_bytes()).digest())
+        target, location = cache_root() / "page" / digest.hexdigest()[:16], weights_name(model["id"])
+        try:
+            build_shared_weights(files, target, location)
+        except (ValueError, OSError) as e:
+            log(f"[demo] {model['id']}: serving its graphs as exported (their weights not shared: {e})")
+            continue
+        url = f"/shared/{target.name}"
+        for k, f in zip(keys, files):
+            model[k] = f"{url}/{f.name}"
+            routes[model[k]] = target / f.name
+        routes[f"{url}/{location}"] = target / location
+        model["weights"] = {"url": f"{url}/{location}", "path": location, "bytes": (target / location).stat().st_size}
+        shared = model["weights"]["bytes"] + sum((target / f.name).stat().st_size for f in files)
+        log(f"[demo] {model['id']}: its {len(files)} graphs share one weights file ({shared / 1e6:.1f} MB to download "
+            f"instead of {sum(f.stat().st_size for f in files) / 1e6:.1f} MB)")
+
+
+def build_shared_weights(files: list[Path], target: Path, location: str) -> None:
+    """share_weights into `target`, unless an earlier run built it (written in a temporary folder, then renamed)."""
+    if (target / ".done").is_file():
+        return
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        share_weights(files, tmp, location)
+        (tmp / ".done").write_text("ok\n")
+        if not target.exists():  # another demo may have built the same meanwhile
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def page_routes(node_modules: Path) -> dict:
@@ -282,6 +332,7 @@ def main(argv=None) -> int:
     if a.keyboard_model is not None and a.keyboard_model not in ids:
         raise UserError(f"--keyboard-model {a.keyboard_model!r} is not one of the page's programs: {', '.join(ids)}")
     routes |= page_routes(web_packages())
+    with_shared_weights(routes, config)
     handler = partial(DemoHandler, routes=routes, config=json.dumps(config).encode(), quiet=a.quiet or a.keyboard_bench)
     host, port = ("127.0.0.1", 0) if a.keyboard_bench else (a.host, a.port)
     try:

@@ -35,9 +35,9 @@ TYPE_IN_PAGE = """async ({ texts, model, draft, interval }) => {
   let typing = state.lookahead.context; // the page's typed context
   if (model) { // another of the page's programs, loaded as the page loads it
     const info = state.config.models.find((m) => m.id === model), n = state.config.max_seq_len;
-    const extender = !draft ? null : info.branch_url ? await BranchModel.load(info.branch_url, n)
-      : info.draft_url ? await KvModel.load(info.draft_url, n) : null;
-    typing = new TypedContext(await KvModel.load(info.url, n), extender);
+    const extender = !draft ? null : info.branch_url ? await BranchModel.load(info.branch_url, n, info.weights)
+      : info.draft_url ? await KvModel.load(info.draft_url, n, info.weights) : null;
+    typing = new TypedContext(await KvModel.load(info.url, n, info.weights), extender);
     await typing.warmUp(state.tokenizer);
   }
   // where a keystroke's time goes: each graph's session.run, timed around the original

@@ -45,14 +45,14 @@ async function selectModel(id) {
   $("status").dataset.ready = "";
   setStatus(`loading ${info.id}…`);
   const t = performance.now();
-  state.model = await KvModel.load(info.url, state.config.max_seq_len);
+  state.model = await KvModel.load(info.url, state.config.max_seq_len, info.weights);
   state.modelInfo = info;
   // the suggestion bar extends its words with the first outer cycle where the export has it: the branch graph (its
   // rows share the context's cache), else the draft graph (?draft=0: with the full depth, to compare)
   const useDraft = new URLSearchParams(location.search).get("draft") !== "0";
   const draft = !useDraft ? null
-    : info.branch_url ? await BranchModel.load(info.branch_url, state.config.max_seq_len)
-      : info.draft_url ? await KvModel.load(info.draft_url, state.config.max_seq_len) : null;
+    : info.branch_url ? await BranchModel.load(info.branch_url, state.config.max_seq_len, info.weights)
+      : info.draft_url ? await KvModel.load(info.draft_url, state.config.max_seq_len, info.weights) : null;
   const context = new TypedContext(state.model, draft);
   await context.warmUp(state.tokenizer); // the first keystroke then costs what the others do
   state.lookahead = new Lookahead(context, state.tokenizer); // the typed context, and the likeliest next keys' chips
@@ -126,7 +126,7 @@ async function adaptiveModel() {
   if (!info.draft_url || !info.verify_url) return null;
   if (state.adaptive?.id !== info.id) {
     state.adaptive = { id: info.id, model: await AdaptiveModel.load(info.draft_url, info.verify_url,
-                                                                    state.config.max_seq_len) };
+                                                                    state.config.max_seq_len, info.weights) };
   }
   return state.adaptive.model;
 }

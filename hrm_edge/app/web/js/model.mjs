@@ -61,10 +61,23 @@ function pieceStart(text, at) {
   return 0;
 }
 
-// An onnxruntime-web session (WASM) of the graph at url.
-async function loadSession(url) {
+// An onnxruntime-web session (WASM) of the graph at url. weights ({url, path}, a program's entry in /demo.json): the
+// file the graph's weights are in (hrm_edge/app/shared_weights.py), fetched once for all the program's graphs.
+async function loadSession(url, weights = null) {
   const bytes = new Uint8Array(await fetchOk(url).then((r) => r.arrayBuffer()));
-  return ort.InferenceSession.create(bytes, { executionProviders: ["wasm"] });
+  const options = { executionProviders: ["wasm"] };
+  if (weights) options.externalData = [{ path: weights.path, data: await weightsBytes(weights.url) }];
+  return ort.InferenceSession.create(bytes, options);
+}
+
+const fetchedWeights = new Map(); // url -> Promise of its bytes
+function weightsBytes(url) {
+  if (!fetchedWeights.has(url)) {
+    const bytes = fetchOk(url).then((r) => r.arrayBuffer()).then((b) => new Uint8Array(b));
+    bytes.catch(() => fetchedWeights.delete(url)); // a failed download is tried again by the next session
+    fetchedWeights.set(url, bytes);
+  }
+  return fetchedWeights.get(url);
 }
 
 export async function fetchOk(url) {
@@ -74,7 +87,7 @@ export async function fetchOk(url) {
 }
 
 export class KvModel {
-  // Use KvModel.load(url, maxSeqLen).
+  // Use KvModel.load(url, maxSeqLen, weights).
   constructor(session, maxSeqLen) {
     this.session = session;
     this.maxSeqLen = maxSeqLen;
@@ -84,8 +97,8 @@ export class KvModel {
     this.queue = Promise.resolve(); // one run at a time: a session cannot run twice concurrently
   }
 
-  static async load(url, maxSeqLen) {
-    return new KvModel(await loadSession(url), maxSeqLen);
+  static async load(url, maxSeqLen, weights = null) {
+    return new KvModel(await loadSession(url, weights), maxSeqLen);
   }
 
   emptyPast() {
@@ -185,8 +198,8 @@ export class BranchModel {
     this.queue = Promise.resolve();
   }
 
-  static async load(url, maxSeqLen) {
-    return new BranchModel(await loadSession(url), maxSeqLen);
+  static async load(url, maxSeqLen, weights = null) {
+    return new BranchModel(await loadSession(url, weights), maxSeqLen);
   }
 
   // Rows of a past. Of a KV graph's past (one row, the context): its first T slots become the shared context (a
@@ -227,8 +240,8 @@ export class AdaptiveModel {
     this.verify = verify; // the verify graph's session
   }
 
-  static async load(draftUrl, verifyUrl, maxSeqLen) {
-    return new AdaptiveModel(await KvModel.load(draftUrl, maxSeqLen), await loadSession(verifyUrl));
+  static async load(draftUrl, verifyUrl, maxSeqLen, weights = null) {
+    return new AdaptiveModel(await KvModel.load(draftUrl, maxSeqLen, weights), await loadSession(verifyUrl, weights));
   }
 
   // The two halves of a KV graph's past [T, 1, H, P, hd].
