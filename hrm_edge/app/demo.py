@@ -181,7 +181,7 @@ def with_shared_weights(routes: dict, config: dict, log=print) -> None:
     for model in (m for m in config["models"] if m["format"] == "onnx"):
         keys = [k for k in ("url", "branch_url", "draft_url", "verify_url") if model.get(k)]
         files = [routes[model[k]] for k in keys]
-        digest = hashlib.sha256(f"shared-weights 1 {EXTERNAL_MIN_BYTES}".encode())
+        digest = hashlib.sha256(f"shared-weights 2 {EXTERNAL_MIN_BYTES}".encode())
         for f in files:
             digest.update(hashlib.sha256(f.read_bytes()).digest())
         target, location = cache_root() / "page" / digest.hexdigest()[:16], weights_name(model["id"])

@@ -28,8 +28,9 @@ def hoist_subgraph_initializers(model: onnx.ModelProto) -> None:
     """Move the initializers of the main graph's subgraphs (the Loop body) into the main graph, where the body still
     reads them by name (a subgraph may use its outer graph's names). onnxruntime-web 1.30 finds external data only
     for the main graph's initializers ("external data path could not be canonicalized" for a Loop body's). A name
-    the main graph has already is renamed, in the body's node inputs too."""
-    names = {t.name for t in model.graph.initializer}
+    the model has already (ONNX's names are unique across a graph and its subgraphs) is renamed, in the body's node
+    inputs too."""
+    names = value_names(model.graph)
     for node in model.graph.node:
         for attr in node.attribute:
             if attr.type != AttributeProto.GRAPH:
@@ -50,9 +51,22 @@ def hoist_subgraph_initializers(model: onnx.ModelProto) -> None:
                 n.input[:] = [renamed.get(x, x) for x in n.input]
 
 
+def value_names(graph: onnx.GraphProto, initializers: bool = True) -> set[str]:
+    """Every name `graph` and its subgraphs define (inputs, node outputs, and the initializers of `graph` itself,
+    not its subgraphs': those are the names being moved)."""
+    names = {v.name for v in graph.input} | ({t.name for t in graph.initializer} if initializers else set())
+    for node in graph.node:
+        names.update(node.output)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == AttributeProto.GRAPH else list(attr.graphs)):
+                names |= value_names(sub, initializers=False)
+    return names
+
+
 def externalize(model: onnx.ModelProto, location: str, weights: bytearray, offsets: dict) -> None:
     """Move every main-graph initializer of at least EXTERNAL_MIN_BYTES into `weights` ({sha256: (offset, length)}
-    in `offsets`: the same bytes are stored once, whichever graph and name they come from)."""
+    in `offsets`: the same bytes are stored once, whichever graph and name they come from). Only tensors held as raw
+    bytes move, which is how the exporters write them; one in typed fields stays in the graph."""
     for tensor in model.graph.initializer:
         if tensor.data_location == TensorProto.EXTERNAL or len(tensor.raw_data) < EXTERNAL_MIN_BYTES:
             continue
