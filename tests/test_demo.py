@@ -164,7 +164,8 @@ def loop_graph(path: Path, steps: int, w: np.ndarray, b_main: np.ndarray, b_body
         [helper.make_node("Identity", ["cond"], ["cond_out"]), helper.make_node("MatMul", ["h", "w_body"], ["hw"]),
          helper.make_node("Add", ["hw", "b"], ["h_out"])], "body",
         [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond", TensorProto.BOOL, []), f32("h", [1, 256])], [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), f32("h_out", [1, 256])],
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, []), f32("h", [1, 256])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), f32("h_out", [1, 256])],
         [numpy_helper.from_array(w, "w_body"), numpy_helper.from_array(b_body, "b")])
     main = helper.make_graph(
         [helper.make_node("Loop", ["steps", "", "x"], ["h"], body=body), helper.make_node("MatMul", ["h", "w"], ["hw"]),

@@ -30,6 +30,7 @@ from urllib.parse import unquote, urlsplit
 from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_pieces, heldout_text
 from hrm_edge.app.shared_weights import EXTERNAL_MIN_BYTES, share_weights, weights_name
 from hrm_edge.errors import UserError, run_cli
+from hrm_edge.io import sha256_file
 from hrm_edge.measure.harness import cpu_info, describe_cpu
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.manifest import contained_path, manifest_json, read_manifest, verify_files
@@ -181,10 +182,9 @@ def with_shared_weights(routes: dict, config: dict, log=print) -> None:
     for model in (m for m in config["models"] if m["format"] == "onnx"):
         keys = [k for k in ("url", "branch_url", "draft_url", "verify_url") if model.get(k)]
         files = [routes[model[k]] for k in keys]
-        digest = hashlib.sha256(f"shared-weights 2 {EXTERNAL_MIN_BYTES}".encode())
-        for f in files:
-            digest.update(hashlib.sha256(f.read_bytes()).digest())
-        target, location = cache_root() / "page" / digest.hexdigest()[:16], weights_name(model["id"])
+        key = " ".join([f"shared-weights 2 {EXTERNAL_MIN_BYTES}"] + [sha256_file(f) for f in files])
+        target = cache_root() / "page" / hashlib.sha256(key.encode()).hexdigest()[:16]
+        location = weights_name(model["id"])
         try:
             build_shared_weights(files, target, location)
         except (ValueError, OSError) as e:
