@@ -70,6 +70,14 @@ def test_repetition_penalties_out_of_range():
                       "--repetition-penalty must be in [1, 10]")
 
 
+def test_keyboard_page_form_needs_a_kv_graph(tmp_path):
+    assert_user_error(run_module("hrm_edge.evaluate", "hrm_edge/default_model", "--keyboard", "--keyboard-page-form"),
+                      "--keyboard-page-form needs --keyboard-graph with an ONNX KV graph")
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    assert_user_error(run_module("hrm_edge.evaluate", "hrm_edge/default_model", "--keyboard", "--keyboard-page-form",
+                                 "--keyboard-graph", tmp_path / "m.onnx"), "needs --keyboard-graph with an ONNX KV")
+
+
 def test_parity_on_a_non_export_folder(tmp_path):
     assert_user_error(run_module("hrm_edge.parity", tmp_path), "no manifest.json")
     assert_user_error(run_module("hrm_edge.parity", tmp_path / "nope"), "not found")
@@ -97,7 +105,8 @@ COMMANDS = {
     "peers": ("hrm_edge.measure.peers", "--out --shape --build-only --threads --prompt-len --new-tokens --repeats "
               "--no-weight-cache --json --verbose"),
     "evaluate": ("hrm_edge.measure.evaluate", "--corpus --max-bytes --seq-len --samples --threads --out --depth-curve "
-                 "--keyboard --keyboard-chars --keyboard-sample --ngram --keyboard-graph --repetition"),
+                 "--keyboard --keyboard-chars --keyboard-sample --ngram --keyboard-graph --keyboard-page-form "
+                 "--repetition"),
     "study": ("hrm_edge.measure.study", "--budget --out --only --resume --corpus --threads --decode-threads "
               "--decode-ablations --train-only --no-progress --verbose"),
     "sysdeps": ("hrm_edge.verify.sysdeps", "--check"),

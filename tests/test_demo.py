@@ -211,6 +211,88 @@ def test_a_programs_graphs_share_one_weights_file(tmp_path):
         share_weights([tmp_path / "bad.onnx"], tmp_path / "dst", "q.weights")
 
 
+def nbits_graph(path: Path, rng, accuracy_level: int) -> Path:
+    """h = x Wb (8-bit MatMulNBits in a Loop body, 2 steps), then h Wm (8-bit, a main-graph initializer of the same
+    bytes) and h W4 (4-bit, accuracy_level 4): the nbits programs' operators, 64 x 64 weights in blocks of 32 (16 for
+    4 bits); accuracy_level: the 8-bit ones'."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hrm_edge.export.onnx_passes import NbitsFormat, blockwise_quantize, nbits_node
+
+    w8, w4 = ((rng.standard_normal((64, 64)) / 8).astype(np.float32) for _ in range(2))
+    b8, s8, _ = blockwise_quantize(w8, 8, 32)
+    b4, s4, _ = blockwise_quantize(w4, 4, 16)
+    f8, f4 = NbitsFormat(8, 32, accuracy_level), NbitsFormat(4, 16, 4)
+    f32 = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 64])  # noqa: E731
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]), nbits_node("h", "h_out", "b8", "s8", 64, 64, f8)],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond", TensorProto.BOOL, []), f32("h")],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), f32("h_out")],
+        [numpy_helper.from_array(b8, "b8"), numpy_helper.from_array(s8, "s8")])
+    main = helper.make_graph(
+        [helper.make_node("Loop", ["steps", "", "x"], ["h"], body=body), nbits_node("h", "hm", "m8", "t8", 64, 64, f8),
+         nbits_node("hm", "y", "m4", "t4", 64, 64, f4)], "main", [f32("x")], [f32("y")],
+        [numpy_helper.from_array(np.array(2, np.int64), "steps"), numpy_helper.from_array(b8, "m8"),
+         numpy_helper.from_array(s8, "t8"), numpy_helper.from_array(b4, "m4"), numpy_helper.from_array(s4, "t4")])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(main, opset_imports=opsets)
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_8bit_matmulnbits_is_served_as_a_float_matmul(tmp_path):
+    """The int8-nbits program's 8-bit MatMulNBits reach the page as float MatMuls over the weights their bytes stand
+    for: MatMulNBits's numbers at accuracy_level 0 (float products), the 8-bit bytes stored once (not 4-byte floats),
+    and onnxruntime folds the dequantization into constants at session start (no per-call work); 4-bit ones stay."""
+    import onnx
+    import onnxruntime as ort
+
+    from hrm_edge.app.shared_weights import share_weights
+
+    (tmp_path / "dst").mkdir()
+    exported = nbits_graph(tmp_path / "g.onnx", np.random.default_rng(0), accuracy_level=4)
+    float_products = nbits_graph(tmp_path / "g0.onnx", np.random.default_rng(0), accuracy_level=0)
+    served, weights = share_weights([exported], tmp_path / "dst", "p.weights")
+    graph = onnx.load(served, load_external_data=False).graph
+    ops = [(n.op_type, next((a.i for a in n.attribute if a.name == "bits"), None)) for n in graph.node]
+    assert ("MatMulNBits", 4) in ops and ("MatMulNBits", 8) not in ops and ops.count(("MatMul", None)) == 1
+    loop = next(n for n in graph.node if n.op_type == "Loop")
+    assert [n.op_type for n in loop.attribute[0].g.node] == ["Identity", "MatMul"]
+    assert ops.count(("Transpose", None)) == 2  # a float weight each (computed from bytes stored once:)
+    assert weights.stat().st_size < 64 * 64 * 2  # the 8-bit bytes once, the 4-bit ones, scales; no float weight
+    x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # not the notice that a saved optimized model may be specific to this machine
+    options.optimized_model_filepath = str(tmp_path / "dst" / "optimized.onnx")
+    got = ort.InferenceSession(served, options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort.InferenceSession(float_products, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    folded = onnx.load(tmp_path / "dst" / "optimized.onnx", load_external_data=False).graph
+    assert not {"Cast", "Sub", "Transpose"} & {n.op_type for n in folded.node}, [n.op_type for n in folded.node]
+
+
+def test_the_page_opens_with_the_8bit_weights_program():
+    """The page's default: the int8 MatMulNBits program (served as float MatMuls: the fastest int8 program in the
+    browser and the smallest download), then another int8 one, then the rest; ONNX first; only a gated one."""
+    from hrm_edge.app.demo import page_default
+    from hrm_edge.runtime.manifest import Artifact
+
+    def art(path, precision, mode=None, fmt="onnx", passed=True):
+        quantization = {"mode": mode} if mode else None
+        return Artifact.new(path, fmt, precision, "kv_cache", "onnx_loop", quantization=quantization,
+                            parity={"x86_64": {"passed": passed}})
+
+    fp32, static = art("f.kv.onnx", "fp32"), art("s.kv.onnx", "int8", "static")
+    nbits, nbits_ort = art("n.kv.onnx", "int8", "nbits"), art("n.kv.ort", "int8", "nbits", fmt="ort")
+    assert page_default([fp32, static, nbits_ort, nbits]) == "n.kv.onnx"
+    assert page_default([fp32, static, art("n.kv.onnx", "int8", "nbits", passed=False)]) == "s.kv.onnx"
+    assert page_default([fp32, art("i4.kv.onnx", "int4", "nbits")]) == "f.kv.onnx"
+    assert page_default([art("f.kv.onnx", "fp32", passed=False)]) == "f.kv.onnx"
+
+
 def test_graphs_onnx_cannot_read_are_served_as_exported(tmp_path, monkeypatch):
     from hrm_edge.app.demo import export_routes, with_shared_weights
     from hrm_edge.verify.parity import read_manifest
@@ -332,6 +414,16 @@ def python_self_test(export_dir: Path, model_id: str) -> dict:
     return check_web_bundle(kv_logits(export_dir / model_id, web), web, precision)
 
 
+def page_form_self_test(export_dir: Path, model_id: str, dest: Path) -> dict:
+    """python_self_test on the graph as the demo serves it (shared_weights.page_form)."""
+    from hrm_edge.app.shared_weights import page_form
+    from hrm_edge.verify.web_bundle import check_web_bundle, kv_logits, read_web_bundle
+
+    dest.mkdir(parents=True, exist_ok=True)
+    web = read_web_bundle(export_dir / "web_bundle.bin")
+    return check_web_bundle(kv_logits(page_form(export_dir / model_id, dest), web), web, "int8")
+
+
 def int8_reference_self_test(export_dir: Path, model_id: str) -> dict:
     """The Self-test's numbers had the int8 program computed exactly its eager int8 reference."""
     from hrm_edge.verify.parity import load_bundle
@@ -433,11 +525,10 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
     server, requests = DemoServer(default_export), []
     try:
         page = open_page(browser, server.url, requests)
-        # the default (int8) program's KV and branch graphs came with their weights in one file, fetched once
+        # the default (int8 weights) program's KV and branch graphs came with their weights in one file, fetched once
         shared = [u for u in requests if u.startswith("/shared/")]
-        assert sorted(u.rsplit("/", 1)[1] for u in shared) == ["hrm.int8-static-perstep.branch.onnx",
-                                                               "hrm.int8-static-perstep.kv.onnx",
-                                                               "hrm.int8-static-perstep.weights"], requests
+        assert sorted(u.rsplit("/", 1)[1] for u in shared) == ["hrm.int8-nbits.branch.onnx", "hrm.int8-nbits.kv.onnx",
+                                                               "hrm.int8-nbits.weights"], requests
         assert not [u for u in requests if u.startswith("/export/") and u.endswith(".onnx")], requests
         # suggestions after typing
         page.fill("#text", "import o")
@@ -467,7 +558,7 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
         assert completion["calls"] + completion["fromContext"] == 63, completion
         print(f"browser greedy decode: {completion['decodeTokensPerS']:.0f} tokens/s; {page.inner_text('#stats')}")
         weights = [u.rsplit("/", 1)[1] for u in requests if u.endswith(".weights")]
-        assert weights == ["hrm.int8-static-perstep.weights", "hrm.fp32.weights"], weights  # each program's once
+        assert weights == ["hrm.int8-nbits.weights", "hrm.fp32.weights"], weights  # each program's once
 
         # self-test: fp32 passes, with the numbers Python computes on the same bundle
         fp32 = run_self_test(page)
@@ -493,8 +584,7 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
 
         # int8: the browser computes what the int8 eager reference computes (the parity bundle's
         # reference/<name> logits, cut like the web bundle), judged against fp32 with the same tolerances
-        int8_id = next(m["id"] for m in page.evaluate("window.hrmDemo.state.config.models")
-                       if m["precision"] == "int8" and m["format"] == "onnx")
+        int8_id = "hrm.int8-static-perstep.kv.onnx"
         select_model(page, int8_id)
         int8 = run_self_test(page)
         want = int8_reference_self_test(default_export, int8_id)
@@ -507,6 +597,18 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
         assert abs(int8["top1_agreement"] - want["top1_agreement"]) <= 2 / int8["positions"]
         assert abs(int8["perplexity"] / want["perplexity"] - 1) < 0.005  # int8_vs_int8_reference's bound
         assert abs(int8["max_abs_logit_error"] - want["max_abs_logit_error"]) < 1e-2 * want["logit_range"]
+
+        # the default program, 8-bit weights served as float MatMuls (shared_weights): what Python's onnxruntime
+        # computes on the same served graph, as close as fp32's (one float graph, other kernels), and it passes
+        select_model(page, "hrm.int8-nbits.kv.onnx")
+        served = run_self_test(page)
+        want = page_form_self_test(default_export, "hrm.int8-nbits.kv.onnx", tmp_path / "page-form")
+        print("int8 weights (page form) self-test:", {k: served[k] for k in ("max_abs_logit_error", "top1_agreement",
+                                                                              "perplexity", "ms")})
+        assert served["passed"] and want["passed"], (served, want)
+        assert served["top1_agreement"] == want["top1_agreement"]
+        assert abs(served["max_abs_logit_error"] - want["max_abs_logit_error"]) < 1e-4
+        assert abs(served["perplexity"] / want["perplexity"] - 1) < 1e-5
     finally:
         server.close()
 

@@ -137,6 +137,18 @@ def web_bundle_path(out_dir: Path, manifest: dict, verify: bool, log=print) -> P
     return path
 
 
+def page_default(arts: list) -> str:
+    """The program the page opens with: of the KV graphs that passed the parity gate, the int8 one with 8-bit
+    MatMulNBits weights (served as float MatMuls over its 8-bit bytes, shared_weights: in the browser the fastest
+    program with the fp32 one and the smallest download, docs/keyboard.md), then another int8 one, then the rest; ONNX
+    before ORT format. None passed: the first."""
+    def rank(art) -> tuple:
+        weights_only = art.precision == "int8" and (art.quantization or {}).get("mode") == "nbits"
+        return not weights_only, art.precision != "int8", art.format != "onnx"
+
+    return min((a for a in arts if passed_gate(a)), key=rank, default=arts[0]).path
+
+
 def passed_gate(art) -> bool:
     return bool(art.parity) and all(r.get("passed") for r in art.parity.values())
 
@@ -162,10 +174,8 @@ def export_routes(out_dir: Path, manifest: dict, verify: bool, log=print) -> tup
                        "label": f"{art.precision} {art.format}{depth} ({art.bytes / 1e6:.1f} MB)"})
     bundle = web_bundle_path(out_dir, manifest, verify, log)
     routes[f"/export/{bundle.name}"] = bundle
-    # default: the smallest program that passed the parity gate (int8 first), else the first one
-    ok = sorted((m for m in models if m["passed"]), key=lambda m: (m["precision"] != "int8", m["format"] != "onnx"))
     config = {
-        "models": models, "default_model": (ok or models)[0]["id"],
+        "models": models, "default_model": page_default(arts),
         "tokenizer": {"url": f"/export/{tok['path']}", "bos_id": tok.get("bos_id"), "eos_id": tok.get("eos_id")},
         "web_bundle": {"url": f"/export/{bundle.name}", "bytes": bundle.stat().st_size},
         "max_seq_len": manifest["model"]["max_seq_len"], "vocab_size": manifest["model"]["vocab_size"],
@@ -182,7 +192,7 @@ def with_shared_weights(routes: dict, config: dict, log=print) -> None:
     for model in (m for m in config["models"] if m["format"] == "onnx"):
         keys = [k for k in ("url", "branch_url", "draft_url", "verify_url") if model.get(k)]
         files = [routes[model[k]] for k in keys]
-        key = " ".join([f"shared-weights 2 {EXTERNAL_MIN_BYTES}"] + [sha256_file(f) for f in files])
+        key = " ".join([f"shared-weights 3 {EXTERNAL_MIN_BYTES}"] + [sha256_file(f) for f in files])
         target = cache_root() / "page" / hashlib.sha256(key.encode()).hexdigest()[:16]
         location = weights_name(model["id"])
         try:

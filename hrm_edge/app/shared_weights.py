@@ -5,18 +5,26 @@ depth) of one program are exported self-contained, each with every weight: four 
 each for the int8 program). The demo serves each program's graphs with their large initializers moved into one
 file that the page fetches once and hands to every session (onnxruntime-web's `externalData`). The tensors are the
 exported bytes, stored outside the graph: nothing computes differently (tests/test_demo.py runs both forms).
+
+One change of form comes with it: an 8-bit MatMulNBits (the int8-nbits program) becomes a float MatMul over the weight
+its blocks stand for, computed from the stored bytes by constant operators that onnxruntime folds once, when the
+session starts (`float_matmuls_of_8bit_weights`). onnxruntime-web's MatMulNBits ran 3-5x slower in the browser than
+the integer graph (docs/keyboard.md); the folded MatMul runs as fast as the fp32 program's, and the page still
+downloads the 8-bit bytes.
 """
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import AttributeProto, TensorProto
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 EXTERNAL_MIN_BYTES = 1024  # smaller initializers (shapes, scalars, norms' gains) stay in the graph
 ALIGN = 64  # each tensor starts at a multiple of this in the weights file
+NBITS = ("MatMulNBits", "com.microsoft")  # onnxruntime's weight-only op (hrm_edge/export/onnx_passes.py writes it)
 
 
 def weights_name(kv_path: str) -> str:
@@ -94,8 +102,81 @@ def share_weights(graphs: list[Path], dest: Path, location: str) -> list[Path]:
         except DecodeError:
             raise ValueError(f"{path.name} is not an ONNX graph") from None
         hoist_subgraph_initializers(model)
+        float_matmuls_of_8bit_weights(model)
         externalize(model, location, weights, offsets)
         onnx.save(model, dest / path.name)
         written.append(dest / path.name)
     (dest / location).write_bytes(bytes(weights))
     return written + [dest / location]
+
+
+def float_matmuls_of_8bit_weights(model: onnx.ModelProto) -> int:
+    """Every 8-bit MatMulNBits whose weight and scales are main-graph initializers (a Loop body's, once hoisted)
+    becomes MatMul(x, W), W [K, N] computed at the start of the main graph from initializers only:
+    Transpose(Reshape((Cast(B) - 128) * scales)), which onnxruntime folds into a constant at session start. W is the
+    weight MatMulNBits dequantizes (B [N, K / block, block] uint8 around its default zero point 128, one scale a
+    block), so this computes what MatMulNBits computes at accuracy_level 0 (float products); the export's
+    accuracy_level 4 quantizes the activations to 8 bits too, where onnxruntime has such a kernel. A 4-bit one, or one
+    with a zero-point, group-index or bias input, is left as it is. Returns how many nodes changed."""
+    initializers = {t.name for t in model.graph.initializer}
+    names = value_names(model.graph)
+    prologue, weights = [], {}  # weights: (B, scales) -> W's name, one W per stored weight whatever reads it
+
+    def float_weight(node) -> str:
+        b, scales = node.input[1], node.input[2]
+        if (b, scales) not in weights:
+            at = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            w = b + ".float"
+            while any(x == w or x.startswith(w + ".") for x in names):  # w and the names made from it are new
+                w += "_"
+            names.add(w)
+            weights[b, scales] = w
+            prologue.extend(dequantize_nodes(model.graph, b, scales, w, (at["K"], at["N"], at["block_size"])))
+        return weights[b, scales]
+
+    def rewrite(graph: onnx.GraphProto) -> int:
+        nodes, changed = [], 0
+        for node in graph.node:
+            for attr in node.attribute:
+                changed += rewrite(attr.g) if attr.type == AttributeProto.GRAPH else 0
+            bits = next((a.i for a in node.attribute if a.name == "bits"), None)
+            if ((node.op_type, node.domain) == NBITS and bits == 8 and len(node.input) == 3
+                    and {node.input[1], node.input[2]} <= initializers):
+                node = helper.make_node("MatMul", [node.input[0], float_weight(node)], list(node.output),
+                                        name=f"{node.name}.float")
+                changed += 1
+            nodes.append(node)
+        del graph.node[:]
+        graph.node.extend(nodes)
+        return changed
+
+    changed = rewrite(model.graph)
+    nodes = prologue + list(model.graph.node)  # the prologue reads initializers only: first, it is in order
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return changed
+
+
+def dequantize_nodes(graph: onnx.GraphProto, b: str, scales: str, w: str, knb: tuple) -> list:
+    """The nodes computing w [K, N] from MatMulNBits's 8-bit weight b [N, K / block, block] and scales (N x K / block
+    of them); their small constants are added to `graph`'s initializers."""
+    k, n, block = knb
+    consts = {f"{w}.zero_point": np.array(128.0, np.float32), f"{w}.scales_shape": np.array([n, k // block, 1]),
+              f"{w}.nk": np.array([n, k])}
+    graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in consts.items())
+    return [helper.make_node("Cast", [b], [f"{w}.q"], to=TensorProto.FLOAT),  # [N, K / block, block]
+            helper.make_node("Sub", [f"{w}.q", f"{w}.zero_point"], [f"{w}.centred"]),
+            helper.make_node("Reshape", [scales, f"{w}.scales_shape"], [f"{w}.block_scales"]),  # [N, K / block, 1]
+            helper.make_node("Mul", [f"{w}.centred", f"{w}.block_scales"], [f"{w}.blocks"]),
+            helper.make_node("Reshape", [f"{w}.blocks", f"{w}.nk"], [f"{w}.t"]),  # [N, K]
+            helper.make_node("Transpose", [f"{w}.t"], [w], perm=[1, 0])]  # [K, N]
+
+
+def page_form(kv_graph: Path, dest: Path) -> Path:
+    """The KV graph at `kv_graph` (hrm.X.kv.onnx) and the branch and draft graphs beside it, as the demo serves them to
+    the page, written into `dest` (their weights in one file, 8-bit MatMulNBits as float MatMuls). Returns the KV
+    graph written, beside which the others keep their names (hrm_edge.runtime.suggest.draft_beside finds them)."""
+    stem = kv_graph.name.removesuffix(".kv.onnx")
+    beside = [kv_graph.with_name(f"{stem}.{p}.onnx") for p in ("branch", "draft")]
+    graphs = [kv_graph] + [g for g in beside if g.is_file()]
+    return share_weights(graphs, dest, weights_name(kv_graph.name))[0]

@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
@@ -156,6 +158,9 @@ def main(argv=None) -> int:
     p.add_argument("--keyboard-graph", type=Path, help="--keyboard: suggest through this exported KV graph (e.g. the "
                    "page's EXPORT/hrm.int8-static-perstep.kv.onnx) instead of the eager checkpoint (one checkpoint); "
                    "the words are extended by the .draft.onnx graph beside it when there is one, as on the page")
+    p.add_argument("--keyboard-page-form", action="store_true", help="--keyboard-graph: run the graphs as the demo "
+                   "serves them to the page (8-bit MatMulNBits as float MatMuls over the same 8-bit weights, which is "
+                   "what the page computes; hrm_edge/app/shared_weights.py)")
     p.add_argument("--repetition", metavar="PENALTIES",
                    help="instead: how often continuations of held-out code repeat themselves at these repetition "
                         "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
@@ -176,13 +181,17 @@ def main(argv=None) -> int:
     if a.keyboard:
         if a.keyboard_chars < 1:
             raise UserError("--keyboard-chars must be >= 1")
+        if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()):
+            raise UserError("--keyboard-graph takes one checkpoint and an existing .onnx KV graph")
+        if a.keyboard_page_form and not (a.keyboard_graph and a.keyboard_graph.name.endswith(".kv.onnx")):
+            raise UserError("--keyboard-page-form needs --keyboard-graph with an ONNX KV graph (*.kv.onnx)")
         sample = spread_texts if a.keyboard_sample == "spread" else cut_texts
         projects = [ProjectText(name, sample([t for _, t in docs], a.keyboard_chars))
                     for name, docs in sorted(heldout_projects(a.corpus).items())]
-        if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()):
-            raise UserError("--keyboard-graph takes one checkpoint and an existing .onnx KV graph")
-        return run_keyboard(dict(zip(names, a.checkpoints)), projects, a.corpus, a.ngram, a.out, a.threads or 1,
-                            a.keyboard_graph)
+        with tempfile.TemporaryDirectory(prefix="hrm-page-form.") as tmp:
+            graph = page_form(a.keyboard_graph, Path(tmp)) if a.keyboard_page_form else a.keyboard_graph
+            return run_keyboard(dict(zip(names, a.checkpoints)), projects, a.corpus, a.ngram, a.out, a.threads or 1,
+                                graph)
     projects = heldout_texts(a.corpus, a.max_bytes)
     print(f"{len(projects)} held-out projects, {sum(p.bytes for p in projects):,} bytes")
     if a.depth_curve:
