@@ -277,7 +277,7 @@ def test_8bit_matmulnbits_is_served_as_a_float_matmul(tmp_path):
 def test_the_page_opens_with_the_8bit_weights_program():
     """The page's default: the int8 MatMulNBits program (served as float MatMuls: the fastest int8 program in the
     browser and the smallest download), then another int8 one, then the rest; ONNX first; only a gated one."""
-    from hrm_edge.app.demo import page_default
+    from hrm_edge.app.demo import kind, page_default
     from hrm_edge.runtime.manifest import Artifact
 
     def art(path, precision, mode=None, fmt="onnx", passed=True):
@@ -288,6 +288,7 @@ def test_the_page_opens_with_the_8bit_weights_program():
     fp32, static = art("f.kv.onnx", "fp32"), art("s.kv.onnx", "int8", "static")
     nbits, nbits_ort = art("n.kv.onnx", "int8", "nbits"), art("n.kv.ort", "int8", "nbits", fmt="ort")
     assert page_default([fp32, static, nbits_ort, nbits]) == "n.kv.onnx"
+    assert [kind(a) for a in (fp32, static, nbits)] == ["fp32", "int8 static", "int8 nbits"]  # the selector's names
     assert page_default([fp32, static, art("n.kv.onnx", "int8", "nbits", passed=False)]) == "s.kv.onnx"
     assert page_default([fp32, art("i4.kv.onnx", "int4", "nbits")]) == "f.kv.onnx"
     assert page_default([art("f.kv.onnx", "fp32", passed=False)]) == "f.kv.onnx"

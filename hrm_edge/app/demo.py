@@ -137,6 +137,13 @@ def web_bundle_path(out_dir: Path, manifest: dict, verify: bool, log=print) -> P
     return path
 
 
+def kind(art) -> str:
+    """The selector's name for a program's numbers: its precision, and for a quantized one its mode ("int8 static",
+    "int8 nbits": two int8 programs are told apart)."""
+    mode = (art.quantization or {}).get("mode")
+    return f"{art.precision} {mode}" if mode else art.precision
+
+
 def page_default(arts: list) -> str:
     """The program the page opens with: of the KV graphs that passed the parity gate, the int8 one with 8-bit
     MatMulNBits weights (served as float MatMuls over its 8-bit bytes, shared_weights: in the browser the fastest
@@ -171,7 +178,7 @@ def export_routes(out_dir: Path, manifest: dict, verify: bool, log=print) -> tup
                        "draft_url": f"/export/{draft_art.path}" if draft_art else None,
                        "verify_url": f"/export/{verify_art.path}" if verify_art and draft_art else None,
                        "branch_url": f"/export/{branch_art.path}" if branch_art else None,
-                       "label": f"{art.precision} {art.format}{depth} ({art.bytes / 1e6:.1f} MB)"})
+                       "label": f"{kind(art)} {art.format}{depth} ({art.bytes / 1e6:.1f} MB)"})
     bundle = web_bundle_path(out_dir, manifest, verify, log)
     routes[f"/export/{bundle.name}"] = bundle
     config = {
@@ -389,6 +396,9 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
           f"{r['browser']}")
     # every timing below belongs to this machine: the CPUs these benches ran on differed by 2x and more
     print(f"{describe_cpu(cpu_info())}; {started} UTC, load average {os.getloadavg()[0]:.1f} at the end")
+    if r["load_ms"] is not None:  # in the browser: the sessions made (graphs optimized, weights folded) and run once
+        print(f"the program loaded in {r['load_ms']:.0f} ms (its weights from this server, its sessions made and run "
+              f"once)")
     if r["interval_ms"] > 0:
         print(f"a key every {r['interval_ms']:g} ms; the lookahead had computed the chips of {r['ahead']:.0%} of the "
               f"keys, at {r['ahead_calls']:.2f} more graph calls a key")

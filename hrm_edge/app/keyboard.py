@@ -33,12 +33,18 @@ TYPE_IN_PAGE = """async ({ texts, model, draft, interval }) => {
   const { state } = window.hrmDemo;
   const { BranchModel, KvModel, runtimeInfo } = await import("/app/js/model.mjs");
   let typing = state.lookahead.context; // the page's typed context
+  // the program's load: its sessions made (weights fetched, graphs optimized) and run once; the page's own, from
+  // its status line
+  const said = /loaded in ([0-9]+) ms/.exec(document.getElementById("status").textContent);
+  let loadMs = said ? Number(said[1]) : null;
   if (model) { // another of the page's programs, loaded as the page loads it
     const info = state.config.models.find((m) => m.id === model), n = state.config.max_seq_len;
+    const t = performance.now();
     const extender = !draft ? null : info.branch_url ? await BranchModel.load(info.branch_url, n, info.weights)
       : info.draft_url ? await KvModel.load(info.draft_url, n, info.weights) : null;
     typing = new TypedContext(await KvModel.load(info.url, n, info.weights), extender);
     await typing.warmUp(state.tokenizer);
+    loadMs = performance.now() - t;
   }
   // where a keystroke's time goes: each graph's session.run, timed around the original
   let calls = []; // this keystroke's (or the work ahead's): [graph (0: KV, 1: draft or branch), rows, tokens a row, ms]
@@ -80,7 +86,7 @@ TYPE_IN_PAGE = """async ({ texts, model, draft, interval }) => {
     typed.push(steps);
   }
   aheadCalls += calls.length;
-  return { typed, aheadCalls, model: model ?? state.modelInfo.id, userAgent: navigator.userAgent,
+  return { typed, aheadCalls, loadMs, model: model ?? state.modelInfo.id, userAgent: navigator.userAgent,
            extender: typing.draft === null ? "full depth" : typing.draft instanceof BranchModel ? "branch"
              : "draft", threads: runtimeInfo().threads };
 }"""
@@ -114,7 +120,8 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
     p90_ms / p99_ms / max_ms per keystroke, where the time went (time_split, call_costs), the chips after each prefix
     of each text, the program, what extended the words (extender: "branch", "draft" or "full depth"), the threads and
     the browser. interval_ms > 0: a key every interval_ms, the page's lookahead computing ahead in between (ahead: the
-    share of keys it had computed, ahead_calls: its other graph calls a key); 0: a key as soon as the last is done."""
+    share of keys it had computed, ahead_calls: its other graph calls a key); 0: a key as soon as the last is done.
+    load_ms: how long the program took to load (its sessions made and run once; None if the page did not say)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -138,7 +145,8 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
             "time": time_split(ms, np.array([runs_of(c) for c in calls])), "calls": call_costs(calls),
             "browser": out["userAgent"], "model": out["model"], "extender": out["extender"], "threads": out["threads"],
             "texts": len(texts), "chips": chips, "interval_ms": interval_ms,
-            "ahead": float(np.mean([s["ahead"] for s in steps])), "ahead_calls": out["aheadCalls"] / len(steps)}
+            "ahead": float(np.mean([s["ahead"] for s in steps])), "ahead_calls": out["aheadCalls"] / len(steps),
+            "load_ms": out["loadMs"]}
 
 
 def combined_metrics(metrics: list[dict]) -> dict:
