@@ -211,10 +211,9 @@ def test_a_programs_graphs_share_one_weights_file(tmp_path):
         share_weights([tmp_path / "bad.onnx"], tmp_path / "dst", "q.weights")
 
 
-def nbits_graph(path: Path, rng, accuracy_level: int) -> Path:
+def nbits_graph(path: Path, rng, accuracy_level: int, opset: int = 18) -> Path:
     """h = x Wb (8-bit MatMulNBits in a Loop body, 2 steps), then h Wm (8-bit, a main-graph initializer of the same
-    bytes) and h W4 (4-bit, accuracy_level 4): the nbits programs' operators, 64 x 64 weights in blocks of 32 (16 for
-    4 bits); accuracy_level: the 8-bit ones'."""
+    bytes) and h W4 (4-bit): the nbits programs' operators, 64 x 64 weights in blocks of 32 (16 for 4 bits)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -223,7 +222,7 @@ def nbits_graph(path: Path, rng, accuracy_level: int) -> Path:
     w8, w4 = ((rng.standard_normal((64, 64)) / 8).astype(np.float32) for _ in range(2))
     b8, s8, _ = blockwise_quantize(w8, 8, 32)
     b4, s4, _ = blockwise_quantize(w4, 4, 16)
-    f8, f4 = NbitsFormat(8, 32, accuracy_level), NbitsFormat(4, 16, 4)
+    f8, f4 = NbitsFormat(8, 32, accuracy_level), NbitsFormat(4, 16, accuracy_level)
     f32 = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 64])  # noqa: E731
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond"], ["cond_out"]), nbits_node("h", "h_out", "b8", "s8", 64, 64, f8)],
@@ -236,17 +235,18 @@ def nbits_graph(path: Path, rng, accuracy_level: int) -> Path:
          nbits_node("hm", "y", "m4", "t4", 64, 64, f4)], "main", [f32("x")], [f32("y")],
         [numpy_helper.from_array(np.array(2, np.int64), "steps"), numpy_helper.from_array(b8, "m8"),
          numpy_helper.from_array(s8, "t8"), numpy_helper.from_array(b4, "m4"), numpy_helper.from_array(s4, "t4")])
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(main, opset_imports=opsets)
     model.ir_version = 8
     onnx.save(model, path)
     return path
 
 
-def test_8bit_matmulnbits_is_served_as_a_float_matmul(tmp_path):
-    """The int8-nbits program's 8-bit MatMulNBits reach the page as float MatMuls over the weights their bytes stand
-    for: MatMulNBits's numbers at accuracy_level 0 (float products), the 8-bit bytes stored once (not 4-byte floats),
-    and onnxruntime folds the dequantization into constants at session start (no per-call work); 4-bit ones stay."""
+def test_matmulnbits_are_served_as_float_matmuls(tmp_path):
+    """The nbits programs' 8- and 4-bit MatMulNBits reach the page as float MatMuls over the weights their bytes stand
+    for: MatMulNBits's numbers at accuracy_level 0 (float products), the 8-bit (4-bit) bytes stored once (not 4-byte
+    floats), and onnxruntime folds the dequantization into constants at session start (no per-call work); below
+    opset 18 (no BitwiseAnd) a 4-bit one stays."""
     import onnx
     import onnxruntime as ort
 
@@ -257,12 +257,11 @@ def test_8bit_matmulnbits_is_served_as_a_float_matmul(tmp_path):
     float_products = nbits_graph(tmp_path / "g0.onnx", np.random.default_rng(0), accuracy_level=0)
     served, weights = share_weights([exported], tmp_path / "dst", "p.weights")
     graph = onnx.load(served, load_external_data=False).graph
-    ops = [(n.op_type, next((a.i for a in n.attribute if a.name == "bits"), None)) for n in graph.node]
-    assert ("MatMulNBits", 4) in ops and ("MatMulNBits", 8) not in ops and ops.count(("MatMul", None)) == 1
+    ops = [n.op_type for n in graph.node]
+    assert "MatMulNBits" not in ops and ops.count("MatMul") == 2 and ops.count("Transpose") == 3
     loop = next(n for n in graph.node if n.op_type == "Loop")
     assert [n.op_type for n in loop.attribute[0].g.node] == ["Identity", "MatMul"]
-    assert ops.count(("Transpose", None)) == 2  # a float weight each (computed from bytes stored once:)
-    assert weights.stat().st_size < 64 * 64 * 2  # the 8-bit bytes once, the 4-bit ones, scales; no float weight
+    assert weights.stat().st_size < 64 * 64 * 2  # the 8-bit bytes once (2 names), the 4-bit ones, scales; no floats
     x = np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32)
     options = ort.SessionOptions()
     options.log_severity_level = 3  # not the notice that a saved optimized model may be specific to this machine
@@ -271,7 +270,12 @@ def test_8bit_matmulnbits_is_served_as_a_float_matmul(tmp_path):
     want = ort.InferenceSession(float_products, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     folded = onnx.load(tmp_path / "dst" / "optimized.onnx", load_external_data=False).graph
-    assert not {"Cast", "Sub", "Transpose"} & {n.op_type for n in folded.node}, [n.op_type for n in folded.node]
+    left = {"Cast", "Sub", "Transpose", "BitwiseAnd", "BitShift"} & {n.op_type for n in folded.node}
+    assert not left, [n.op_type for n in folded.node]
+    old = share_weights([nbits_graph(tmp_path / "o.onnx", np.random.default_rng(0), 4, opset=17)], tmp_path / "dst",
+                        "o.weights")[0]
+    bits = [a.i for n in onnx.load(old, load_external_data=False).graph.node for a in n.attribute if a.name == "bits"]
+    assert bits == [4]
 
 
 def test_the_page_opens_with_the_8bit_weights_program():

@@ -199,7 +199,7 @@ def with_shared_weights(routes: dict, config: dict, log=print) -> None:
     for model in (m for m in config["models"] if m["format"] == "onnx"):
         keys = [k for k in ("url", "branch_url", "draft_url", "verify_url") if model.get(k)]
         files = [routes[model[k]] for k in keys]
-        key = " ".join([f"shared-weights 3 {EXTERNAL_MIN_BYTES}"] + [sha256_file(f) for f in files])
+        key = " ".join([f"shared-weights 4 {EXTERNAL_MIN_BYTES}"] + [sha256_file(f) for f in files])
         target = cache_root() / "page" / hashlib.sha256(key.encode()).hexdigest()[:16]
         location = weights_name(model["id"])
         try:

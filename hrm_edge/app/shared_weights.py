@@ -6,11 +6,11 @@ each for the int8 program). The demo serves each program's graphs with their lar
 file that the page fetches once and hands to every session (onnxruntime-web's `externalData`). The tensors are the
 exported bytes, stored outside the graph: nothing computes differently (tests/test_demo.py runs both forms).
 
-One change of form comes with it: an 8-bit MatMulNBits (the int8-nbits program) becomes a float MatMul over the weight
-its blocks stand for, computed from the stored bytes by constant operators that onnxruntime folds once, when the
-session starts (`float_matmuls_of_8bit_weights`). onnxruntime-web's MatMulNBits ran 3-5x slower in the browser than
-the integer graph (docs/keyboard.md); the folded MatMul runs as fast as the fp32 program's, and the page still
-downloads the 8-bit bytes.
+One change of form comes with it: a MatMulNBits (the int8-nbits and int4-nbits programs) becomes a float MatMul over
+the weight its blocks stand for, computed from the stored bytes by constant operators that onnxruntime folds once, when
+the session starts (`float_matmuls_of_nbits_weights`). onnxruntime-web's MatMulNBits ran 3-5x slower in the browser
+than the integer graph (docs/keyboard.md); the folded MatMul runs as fast as the fp32 program's, and the page still
+downloads the 8-bit (4-bit) bytes.
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def share_weights(graphs: list[Path], dest: Path, location: str) -> list[Path]:
         except DecodeError:
             raise ValueError(f"{path.name} is not an ONNX graph") from None
         hoist_subgraph_initializers(model)
-        float_matmuls_of_8bit_weights(model)
+        float_matmuls_of_nbits_weights(model)
         externalize(model, location, weights, offsets)
         onnx.save(model, dest / path.name)
         written.append(dest / path.name)
@@ -110,16 +110,19 @@ def share_weights(graphs: list[Path], dest: Path, location: str) -> list[Path]:
     return written + [dest / location]
 
 
-def float_matmuls_of_8bit_weights(model: onnx.ModelProto) -> int:
-    """Every 8-bit MatMulNBits whose weight and scales are main-graph initializers (a Loop body's, once hoisted)
+def float_matmuls_of_nbits_weights(model: onnx.ModelProto) -> int:
+    """Every 8- or 4-bit MatMulNBits whose weight and scales are main-graph initializers (a Loop body's, once hoisted)
     becomes MatMul(x, W), W [K, N] computed at the start of the main graph from initializers only:
-    Transpose(Reshape((Cast(B) - 128) * scales)), which onnxruntime folds into a constant at session start. W is the
-    weight MatMulNBits dequantizes (B [N, K / block, block] uint8 around its default zero point 128, one scale a
+    Transpose(Reshape((Cast(B) - 2^(bits-1)) * scales)), 4-bit B unpacked first, which onnxruntime folds into a
+    constant at session start. W is the weight MatMulNBits dequantizes (B around its default zero point, one scale a
     block), so this computes what MatMulNBits computes at accuracy_level 0 (float products); the export's
-    accuracy_level 4 quantizes the activations to 8 bits too, where onnxruntime has such a kernel. A 4-bit one, or one
-    with a zero-point, group-index or bias input, is left as it is. Returns how many nodes changed."""
+    accuracy_level 4 quantizes the activations to 8 bits too, where onnxruntime has such a kernel. One with a
+    zero-point, group-index or bias input is left as it is, and a 4-bit one in a model below opset 18 (BitwiseAnd).
+    Returns how many nodes changed."""
     initializers = {t.name for t in model.graph.initializer}
     names = value_names(model.graph)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    widths = (8, 4) if opset >= 18 else (8,)
     prologue, weights = [], {}  # weights: (B, scales) -> W's name, one W per stored weight whatever reads it
 
     def float_weight(node) -> str:
@@ -131,7 +134,8 @@ def float_matmuls_of_8bit_weights(model: onnx.ModelProto) -> int:
                 w += "_"
             names.add(w)
             weights[b, scales] = w
-            prologue.extend(dequantize_nodes(model.graph, b, scales, w, (at["K"], at["N"], at["block_size"])))
+            shape = (at["K"], at["N"], at["block_size"], at["bits"])
+            prologue.extend(dequantize_nodes(model.graph, b, scales, w, shape))
         return weights[b, scales]
 
     def rewrite(graph: onnx.GraphProto) -> int:
@@ -140,7 +144,7 @@ def float_matmuls_of_8bit_weights(model: onnx.ModelProto) -> int:
             for attr in node.attribute:
                 changed += rewrite(attr.g) if attr.type == AttributeProto.GRAPH else 0
             bits = next((a.i for a in node.attribute if a.name == "bits"), None)
-            if ((node.op_type, node.domain) == NBITS and bits == 8 and len(node.input) == 3
+            if ((node.op_type, node.domain) == NBITS and bits in widths and len(node.input) == 3
                     and {node.input[1], node.input[2]} <= initializers):
                 node = helper.make_node("MatMul", [node.input[0], float_weight(node)], list(node.output),
                                         name=f"{node.name}.float")
@@ -157,24 +161,35 @@ def float_matmuls_of_8bit_weights(model: onnx.ModelProto) -> int:
     return changed
 
 
-def dequantize_nodes(graph: onnx.GraphProto, b: str, scales: str, w: str, knb: tuple) -> list:
-    """The nodes computing w [K, N] from MatMulNBits's 8-bit weight b [N, K / block, block] and scales (N x K / block
-    of them); their small constants are added to `graph`'s initializers."""
-    k, n, block = knb
-    consts = {f"{w}.zero_point": np.array(128.0, np.float32), f"{w}.scales_shape": np.array([n, k // block, 1]),
-              f"{w}.nk": np.array([n, k])}
+def dequantize_nodes(graph: onnx.GraphProto, b: str, scales: str, w: str, knbb: tuple) -> list:
+    """The nodes computing w [K, N] from MatMulNBits's weight b (8 bits: [N, K / block, block]; 4 bits: [N, K / block,
+    block / 2], two a byte, the first in the low nibble) and scales (N x K / block of them); their small constants are
+    added to `graph`'s initializers."""
+    k, n, block, bits = knbb
+    consts = {f"{w}.zero_point": np.array(2.0 ** (bits - 1), np.float32),
+              f"{w}.scales_shape": np.array([n, k // block, 1]), f"{w}.nk": np.array([n, k])}
+    nodes, q = [], b  # q: the weight's values, one a byte [N, K / block, block]
+    if bits == 4:
+        consts |= {f"{w}.blocks_shape": np.array([n, k // block, block]), f"{w}.last": np.array([-1]),
+                   f"{w}.low_mask": np.array(15, np.uint8), f"{w}.four": np.array(4, np.uint8)}
+        nodes, q = [helper.make_node("BitwiseAnd", [b, f"{w}.low_mask"], [f"{w}.low"]),  # [N, K / block, block / 2]
+                    helper.make_node("BitShift", [b, f"{w}.four"], [f"{w}.high"], direction="RIGHT"),
+                    helper.make_node("Unsqueeze", [f"{w}.low", f"{w}.last"], [f"{w}.low1"]),
+                    helper.make_node("Unsqueeze", [f"{w}.high", f"{w}.last"], [f"{w}.high1"]),
+                    helper.make_node("Concat", [f"{w}.low1", f"{w}.high1"], [f"{w}.pairs"], axis=-1),
+                    helper.make_node("Reshape", [f"{w}.pairs", f"{w}.blocks_shape"], [f"{w}.bytes"])], f"{w}.bytes"
     graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in consts.items())
-    return [helper.make_node("Cast", [b], [f"{w}.q"], to=TensorProto.FLOAT),  # [N, K / block, block]
-            helper.make_node("Sub", [f"{w}.q", f"{w}.zero_point"], [f"{w}.centred"]),
-            helper.make_node("Reshape", [scales, f"{w}.scales_shape"], [f"{w}.block_scales"]),  # [N, K / block, 1]
-            helper.make_node("Mul", [f"{w}.centred", f"{w}.block_scales"], [f"{w}.blocks"]),
-            helper.make_node("Reshape", [f"{w}.blocks", f"{w}.nk"], [f"{w}.t"]),  # [N, K]
-            helper.make_node("Transpose", [f"{w}.t"], [w], perm=[1, 0])]  # [K, N]
+    return nodes + [helper.make_node("Cast", [q], [f"{w}.q"], to=TensorProto.FLOAT),  # [N, K / block, block]
+                    helper.make_node("Sub", [f"{w}.q", f"{w}.zero_point"], [f"{w}.centred"]),
+                    helper.make_node("Reshape", [scales, f"{w}.scales_shape"], [f"{w}.block_scales"]),  # [N, K/bk, 1]
+                    helper.make_node("Mul", [f"{w}.centred", f"{w}.block_scales"], [f"{w}.blocks"]),
+                    helper.make_node("Reshape", [f"{w}.blocks", f"{w}.nk"], [f"{w}.t"]),  # [N, K]
+                    helper.make_node("Transpose", [f"{w}.t"], [w], perm=[1, 0])]  # [K, N]
 
 
 def page_form(kv_graph: Path, dest: Path) -> Path:
     """The KV graph at `kv_graph` (hrm.X.kv.onnx) and the branch and draft graphs beside it, as the demo serves them to
-    the page, written into `dest` (their weights in one file, 8-bit MatMulNBits as float MatMuls). Returns the KV
+    the page, written into `dest` (their weights in one file, MatMulNBits as float MatMuls). Returns the KV
     graph written, beside which the others keep their names (hrm_edge.runtime.suggest.draft_beside finds them)."""
     stem = kv_graph.name.removesuffix(".kv.onnx")
     beside = [kv_graph.with_name(f"{stem}.{p}.onnx") for p in ("branch", "draft")]
