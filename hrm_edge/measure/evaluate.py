@@ -179,19 +179,7 @@ def main(argv=None) -> int:
 
         torch.set_num_threads(a.threads)
     if a.keyboard:
-        if a.keyboard_chars < 1:
-            raise UserError("--keyboard-chars must be >= 1")
-        if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()):
-            raise UserError("--keyboard-graph takes one checkpoint and an existing .onnx KV graph")
-        if a.keyboard_page_form and not (a.keyboard_graph and a.keyboard_graph.name.endswith(".kv.onnx")):
-            raise UserError("--keyboard-page-form needs --keyboard-graph with an ONNX KV graph (*.kv.onnx)")
-        sample = spread_texts if a.keyboard_sample == "spread" else cut_texts
-        projects = [ProjectText(name, sample([t for _, t in docs], a.keyboard_chars))
-                    for name, docs in sorted(heldout_projects(a.corpus).items())]
-        with tempfile.TemporaryDirectory(prefix="hrm-page-form.") as tmp:
-            graph = page_form(a.keyboard_graph, Path(tmp)) if a.keyboard_page_form else a.keyboard_graph
-            return run_keyboard(dict(zip(names, a.checkpoints)), projects, a.corpus, a.ngram, a.out, a.threads or 1,
-                                graph)
+        return keyboard(a, names)
     projects = heldout_texts(a.corpus, a.max_bytes)
     print(f"{len(projects)} held-out projects, {sum(p.bytes for p in projects):,} bytes")
     if a.depth_curve:
@@ -213,3 +201,20 @@ def main(argv=None) -> int:
         atomic_write_text(a.out / "evaluation.json", json.dumps(record, indent=2) + "\n")
         atomic_write_text(a.out / "evaluation.md", table)
     return 0
+
+
+def keyboard(a: argparse.Namespace, names: list[str]) -> int:
+    """--keyboard: the suggestion bar on held-out projects against the n-gram keyboard (hrm_edge.measure.keyboard)."""
+    if a.keyboard_chars < 1:
+        raise UserError("--keyboard-chars must be >= 1")
+    if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()):
+        raise UserError("--keyboard-graph takes one checkpoint and an existing .onnx KV graph")
+    if a.keyboard_page_form and not (a.keyboard_graph and a.keyboard_graph.name.endswith(".kv.onnx")):
+        raise UserError("--keyboard-page-form needs --keyboard-graph with an ONNX KV graph (*.kv.onnx)")
+    sample = spread_texts if a.keyboard_sample == "spread" else cut_texts
+    projects = [ProjectText(name, sample([t for _, t in docs], a.keyboard_chars))
+                for name, docs in sorted(heldout_projects(a.corpus).items())]
+    with tempfile.TemporaryDirectory(prefix="hrm-page-form.") as tmp:  # the page's form of the graphs, if asked for
+        graph = page_form(a.keyboard_graph, Path(tmp)) if a.keyboard_page_form else a.keyboard_graph
+        return run_keyboard(dict(zip(names, a.checkpoints)), projects, a.corpus, a.ngram, a.out, a.threads or 1,
+                            graph)
