@@ -63,6 +63,17 @@ def test_unwritable_out(tmp_path):
     assert_user_error(run_module("hrm_edge.export", "--preset", "tiny", "--out", blocker / "out"), "not writable")
 
 
+def test_pte_programs_are_checked_before_anything_runs(tmp_path):
+    out = tmp_path / "o"
+    assert_user_error(run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--pte-programs", "kv,full"),
+                      "--pte-programs: unknown full, kv", "full_sequence, kv_cache, speculative")
+    assert_user_error(run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--pte-programs", ","),
+                      "--pte-programs: unknown (none given)")
+    assert_user_error(run_module("hrm_edge.export", "--preset", "tiny", "--out", out, "--int8", "pt2e",
+                                 "--pte-programs", "kv_cache"), "--int8 pt2e makes a full_sequence .pte program")
+    assert not out.exists()  # refused before training
+
+
 def test_repetition_penalties_out_of_range():
     assert_user_error(run_module("hrm_edge.evaluate", "hrm_edge/default_model", "--repetition", "1,0.5"),
                       "--repetition takes penalties in [1, 10]")
@@ -91,7 +102,7 @@ COMMANDS = {
     "train": ("hrm_edge.train.loop", "--preset --out --corpus --steps --seed --resume --threads --no-progress "
               "--speed-test --halting-head"),
     "export": ("hrm_edge.export.pipeline", "--preset --checkpoint --out --corpus --steps --parity-samples --formats "
-               "--int8 --calib-samples --calib-corpus --cycles --no-progress --verbose"),
+               "--int8 --calib-samples --calib-corpus --cycles --pte-programs --no-progress --verbose"),
     "parity": ("hrm_edge.verify.parity", "--bundle-only --formats --target --cpu"),
     "arm64": ("hrm_edge.verify.arm64_toolchain", "--no-pte"),
     "complete": ("hrm_edge.app.complete", "--artifacts --runtime --precision --max-new-tokens --temperature --top-k "

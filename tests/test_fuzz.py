@@ -207,7 +207,9 @@ def test_export_and_train_arguments(folders, data):
         (export.main, common | {"--checkpoint": paths, "--parity-samples": NUMBER, "--calib-samples": NUMBER,
                                 "--formats": st.sampled_from(["onnx", "pte", "onnx,pte", ",", "ort"]),
                                 "--int8": st.sampled_from(["none", "static", "dynamic,pt2e", "int4", ""]),
-                                "--cycles": st.sampled_from(["1", "0", "1,2", "x", "-1"]), "--calib-corpus": paths},
+                                "--cycles": st.sampled_from(["1", "0", "1,2", "x", "-1"]), "--calib-corpus": paths,
+                                "--pte-programs": st.sampled_from(["kv_cache", "full_sequence,speculative", ",",
+                                                                   "kv"])},
          ["--no-progress"]),
         (train.main, common | {"--seed": NUMBER, "--threads": NUMBER}, ["--no-progress", "--resume"])]))
     argv = data.draw(argv_of(options, switches)) + ["--out", str(folders["unwritable"])]

@@ -476,15 +476,16 @@ def test_complete_refuses_each_flipped_artifact_of_a_real_export(tiny_export, tm
 # ---- 6. reproducible artifacts ----
 # Two exports of one checkpoint (the seeds come from the checkpoint and the artifact, not from the options): which
 # files are the same bytes. The others differ in layout only, never in what they compute (docs/parity.md): their
-# parity numbers are identical. The second export makes a subset of the first's programs (the fp32 ones of both
-# formats and the static int8 graphs): three .pte lowerings instead of eight, the slow part of an export.
+# parity numbers are identical. The second export makes a subset of the first's programs (the fp32 ONNX graphs, the
+# per-step static int8 graphs and the fp32 KV .pte, `--int8 static --pte-programs kv_cache`): one .pte lowering
+# instead of seven, the slow part of an export.
 
 @pytest.fixture(scope="module")
 def two_full_exports(tiny_export, tmp_path_factory):
     """The suite's tiny export and a second export of its checkpoint making a subset of its artifacts."""
     out = tmp_path_factory.mktemp("reliab") / "second"
     proc = run_module("hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out,
-                      "--int8", "static,static-shared", "--no-progress", timeout=1800)
+                      "--int8", "static", "--pte-programs", "kv_cache", "--no-progress", timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [tiny_export, out]
 
@@ -512,7 +513,7 @@ def test_two_exports_are_byte_identical_but_ort_and_pte_layout(two_full_exports)
     # may differ in layout only (docs/parity.md): .ort (onnxruntime's converter writes its kernel-type-string
     # table in hash-map order) and .pte (XNNPACK's lowering orders some delegate calls' inputs per process)
     assert not {name for name in differ if not name.endswith((".ort", ".pte"))}, sorted(differ)
-    assert [p for p in b if p.endswith(".onnx")] and [p for p in b if p.endswith(".pte")]
+    assert [p for p in b if p.endswith(".onnx")] and [p for p in b if p.endswith(".pte")] == ["hrm.fp32.kv.pte"]
     arts = {x.path: x for x in first["artifacts"]}
     for y in second["artifacts"]:
         assert parity_numbers(arts[y.path]) == parity_numbers(y), y.path

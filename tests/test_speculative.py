@@ -203,6 +203,21 @@ def test_the_export_lowers_a_speculative_program_beside_each_full_depth_kv_progr
         assert not [j for j in pte_jobs(other, ("dynamic",), ()) if j.program == "speculative"]
 
 
+def test_pte_programs_choose_the_kinds_lowered():
+    """--pte-programs: only the kinds asked for, in the same order; an int8 speculative program without its KV
+    program computes its own eager reference; the depth dial's programs are KV programs."""
+    cfg = ModelConfig(H_cycles=2, L_cycles=3)
+    every = pte_jobs(cfg, ("static", "dynamic"), (1,))
+    for kinds in (("kv_cache",), ("speculative",), ("full_sequence", "speculative"), ("kv_cache", "speculative")):
+        jobs = pte_jobs(cfg, ("static", "dynamic"), (1,), kinds)
+        assert [j.name for j in jobs] == [j.name for j in every if j.program in kinds], kinds
+    [spec] = [j for j in pte_jobs(cfg, ("dynamic",), (), ("speculative",)) if j.precision == "int8"]
+    assert spec.reference is None
+    kv = pte_jobs(cfg, ("dynamic",), (1,), ("kv_cache",))
+    assert {j.name for j in kv} == {"hrm.int8-dynamic.kv.pte", "hrm.fp32.kv.pte", "hrm.int8-dynamic.c1.kv.pte"}
+    assert pte_jobs(ModelConfig(arch="transformer"), (), (), ("speculative",)) == []
+
+
 def test_complete_runs_the_speculative_program_that_passed():
     def art(path, program, passed=True):
         return Artifact.new(path, "pte", "fp32", program, "unrolled", parity={"x86_64": {"passed": passed}})

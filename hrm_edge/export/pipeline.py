@@ -60,6 +60,7 @@ from hrm_edge.verify.web_bundle import write_web_bundle
 DEFAULT_OUT = Path("export/out")
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_model"
 INT8_MODES = ("static", "static-shared", "dynamic", "pt2e", "8da4w", "nbits")
+PTE_PROGRAMS = ("full_sequence", "kv_cache", "speculative")  # the .pte program kinds (manifest "program")
 GREEDY_NEW_TOKENS = 64  # decode parity: this many greedy tokens must match eager fp32 exactly
 
 
@@ -86,6 +87,17 @@ def parse_int8_modes(text: str) -> tuple[str, ...]:
     return modes
 
 
+def parse_pte_programs(text: str, int8: tuple | None) -> tuple[str, ...]:
+    programs = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = sorted(set(programs) - set(PTE_PROGRAMS))
+    if bad or not programs:
+        raise UserError(f"--pte-programs: unknown {', '.join(bad) or '(none given)'}; choose from "
+                        f"{', '.join(PTE_PROGRAMS)}")
+    if int8 and "pt2e" in int8 and "full_sequence" not in programs:
+        raise UserError("--int8 pt2e makes a full_sequence .pte program, which --pte-programs leaves out")
+    return programs
+
+
 def check_cycles(cycles: tuple, cfg) -> None:
     if cycles and cfg.arch != "hrm":
         raise UserError("--cycles: the depth dial needs an HRM model (model.arch = hrm)")
@@ -109,6 +121,7 @@ class ExportOptions:
     calib_samples: int | None = None
     calib_corpus: str | None = None
     cycles: tuple[int, ...] = ()  # depth dial: outer cycle counts to export besides the full depth
+    pte_programs: tuple[str, ...] = PTE_PROGRAMS  # the .pte program kinds to make (--pte-programs)
     progress: bool = True
     verbose: bool = False  # show third-party notices and the .pte workers' native stderr
 
@@ -296,7 +309,10 @@ def pte_workers(staging: Path, prepared: Prepared, parity: ParitySet, options: E
         yield Made  # wait() -> nothing lowered
         return
     threads = torch.get_num_threads()
-    jobs = pte_jobs(prepared.cfg, prepared.int8, options.cycles)
+    jobs = pte_jobs(prepared.cfg, prepared.int8, options.cycles, options.pte_programs)
+    if not jobs:
+        yield Made
+        return
     with tempfile.TemporaryDirectory(prefix="hrm-export-workers.") as stderr_dir:
         pool, programs = start_pte_workers(prepared.model_dir, staging, jobs, parity, log,
                                            None if options.verbose else Path(stderr_dir))
@@ -624,10 +640,10 @@ class PteJob:
     reference: str | None = None  # quantized: the job whose eager reference it shares (the same quantized model)
 
 
-def pte_jobs(cfg, int8: tuple, cycles: tuple) -> list[PteJob]:
+def pte_jobs(cfg, int8: tuple, cycles: tuple, programs: tuple = PTE_PROGRAMS) -> list[PteJob]:
     """The programs to lower, slowest first (a quantized lowering takes about 2.5x an fp32 one at the default
     size, a self-speculative program, twice the depth in three methods, about 1.7x its KV program), so that two
-    workers finish close together."""
+    workers finish close together. programs: the kinds to make (--pte-programs; the depth dial's are kv_cache)."""
     arch, jobs = cfg.arch, []
     speculative = arch == "hrm" and cfg.H_cycles >= 2  # the first outer cycle drafts, the rest verifies
     if speculative and "dynamic" in int8:
@@ -645,7 +661,10 @@ def pte_jobs(cfg, int8: tuple, cycles: tuple) -> list[PteJob]:
         precision = "int8" if "dynamic" in int8 else "fp32"
         name = artifact_name(arch, "int8-dynamic" if precision == "int8" else "fp32", "pte", "kv_cache", n_cycles=k)
         jobs.append(PteJob(name, precision, "kv_cache", k))
-    return jobs
+    made = {j.name for j in jobs if j.program in programs}
+    # a speculative program shares its KV program's eager reference (the same quantized model) when that is made
+    return [dataclasses.replace(j, reference=j.reference if j.reference in made else None)
+            for j in jobs if j.name in made]
 
 
 def show_worker_stderr(stderr_dir: Path) -> None:
@@ -746,6 +765,10 @@ def main(argv=None) -> int:
     p.add_argument("--cycles", help="depth dial: also export the model run with K outer cycles (comma-separated, "
                    "1..H_cycles, e.g. 1); each depth gets an ONNX graph and a KV-cache .pte, gated against the eager "
                    "model at that depth, and the manifest's depth_dial lists each depth's perplexity")
+    p.add_argument("--pte-programs", default=",".join(PTE_PROGRAMS),
+                   help="the ExecuTorch programs to lower, comma-separated subset of full_sequence (tokens -> logits), "
+                        "kv_cache (the text-LLM runner's program; the phone app's), speculative (the KV program with "
+                        "draft, verify and skip methods) (default: all three; each lowering takes minutes)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--verbose", action="store_true", help="also show the libraries' notices and warnings (torch, "
                    "torchao, ExecuTorch; the .pte workers' native stderr), which a plain run keeps back")
@@ -756,6 +779,7 @@ def main(argv=None) -> int:
     if bad or not formats:
         raise UserError(f"--formats: unknown format(s) {', '.join(bad) or '(none given)'}; choose from onnx, pte")
     int8 = parse_int8_modes(a.int8) if a.int8 is not None else None
+    pte_programs = parse_pte_programs(a.pte_programs, int8)
     if a.parity_samples < 1:
         raise UserError("--parity-samples must be >= 1")
     try:
@@ -768,5 +792,6 @@ def main(argv=None) -> int:
     ok = export_all(a.out, ExportOptions(preset=a.preset, checkpoint=checkpoint, corpus=a.corpus, steps=a.steps,
                                          parity_samples=a.parity_samples, formats=formats, int8=int8,
                                          calib_samples=a.calib_samples, calib_corpus=a.calib_corpus, cycles=cycles,
+                                         pte_programs=pte_programs,
                                          progress=not a.no_progress, verbose=a.verbose))
     return 0 if ok else 1
