@@ -79,17 +79,21 @@ def _stage(msg: str, log=print):
     return time.perf_counter()
 
 
+def comma_list(text: str, choices: tuple) -> tuple[tuple[str, ...], list[str]]:
+    """The comma-separated values of a flag, and those of them not in `choices` (sorted)."""
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    return values, sorted(set(values) - set(choices))
+
+
 def parse_int8_modes(text: str) -> tuple[str, ...]:
-    modes = () if text.strip() == "none" else tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = sorted(set(modes) - set(INT8_MODES))
+    modes, bad = ((), []) if text.strip() == "none" else comma_list(text, INT8_MODES)
     if bad:
         raise UserError(f"int8 modes: unknown {', '.join(bad)}; choose from {', '.join(INT8_MODES)}, or none")
     return modes
 
 
 def parse_pte_programs(text: str, int8: tuple | None) -> tuple[str, ...]:
-    programs = tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = sorted(set(programs) - set(PTE_PROGRAMS))
+    programs, bad = comma_list(text, PTE_PROGRAMS)
     if bad or not programs:
         raise UserError(f"--pte-programs: unknown {', '.join(bad) or '(none given)'}; choose from "
                         f"{', '.join(PTE_PROGRAMS)}")
@@ -305,14 +309,12 @@ def pte_workers(staging: Path, prepared: Prepared, parity: ParitySet, options: E
     """Lower the .pte programs (pte_jobs) in worker processes while the with-block builds the rest in this one.
     Yields wait(): the programs' artifacts and eager references, once every worker is done (empty without
     "pte" in the formats). An error stops the workers; a worker's error shows its native stderr too."""
-    if "pte" not in options.formats:
+    wanted = options.pte_programs if "pte" in options.formats else ()
+    jobs = pte_jobs(prepared.cfg, prepared.int8, options.cycles, wanted)
+    if not jobs:
         yield Made  # wait() -> nothing lowered
         return
     threads = torch.get_num_threads()
-    jobs = pte_jobs(prepared.cfg, prepared.int8, options.cycles, options.pte_programs)
-    if not jobs:
-        yield Made
-        return
     with tempfile.TemporaryDirectory(prefix="hrm-export-workers.") as stderr_dir:
         pool, programs = start_pte_workers(prepared.model_dir, staging, jobs, parity, log,
                                            None if options.verbose else Path(stderr_dir))
@@ -774,8 +776,7 @@ def main(argv=None) -> int:
                    "torchao, ExecuTorch; the .pte workers' native stderr), which a plain run keeps back")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
-    formats = tuple(f.strip() for f in a.formats.split(",") if f.strip())
-    bad = sorted(set(formats) - {"onnx", "pte"})
+    formats, bad = comma_list(a.formats, ("onnx", "pte"))
     if bad or not formats:
         raise UserError(f"--formats: unknown format(s) {', '.join(bad) or '(none given)'}; choose from onnx, pte")
     int8 = parse_int8_modes(a.int8) if a.int8 is not None else None
