@@ -7,7 +7,7 @@ import { Tokenizer } from "@huggingface/tokenizers";
 
 globalThis.location = { search: "" }; // model.mjs reads the page's URL
 const { TypedContext, suggestWords } = await import("./js/suggest.mjs");
-const { Lookahead } = await import("./js/lookahead.mjs");
+const { Lookahead, likelyKeys } = await import("./js/lookahead.mjs");
 const { keptStartEncoder } = await import("./js/model.mjs");
 
 // lowbias32: a 32-bit integer hash, the same uint32 arithmetic in Python, JS and Java
@@ -81,7 +81,8 @@ for (const texts of job.sequences) { // one typing session (one cache) per seque
     // (copies: the work ahead calls the same models next)
     steps.push({ words: words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls: model.calls.slice(),
                  draftCalls: draft ? draft.calls.slice() : [], keptChars: tokenizer.encode.keptChars(),
-                 sameIds: JSON.stringify(tokenizer.encode(text)) === JSON.stringify(encodeAll(text)), ahead });
+                 sameIds: JSON.stringify(tokenizer.encode(text)) === JSON.stringify(encodeAll(text)), ahead,
+                 likely: job.lookahead ? null : likelyKeys(context, tokenizer, text, words, 3) });
     if (job.lookahead) { // guess the next key (where it is one more character) and a wrong one, in either order
       const next = texts[i + 1] ?? "", key = next.startsWith(text) ? next.slice(text.length) : "";
       const keys = [key.length === 1 ? key : "#", key === "x" ? "y" : "x"];

@@ -470,14 +470,21 @@ def test_python_encodes_the_end_of_a_typed_text(tokenizer, allowed):
     assert max(kept) > len(code) - 200  # it kept most of the text (and its ids were right after the edit too)
 
 
-def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path, monkeypatch):
-    job = tmp_path / "job.json"
+def java_words(tokenizer, allowed, classes, tmp_path, lookahead: bool = False, call_off_at: int | None = None) -> dict:
+    """The Android core's words at every keystroke of SESSIONS (CoreCli suggest): WordSuggester's, or with the
+    lookahead typed as keyboard_fixture.mjs types them through the page's."""
+    job = tmp_path / f"job-{lookahead}-{call_off_at}.json"
     job.write_text(json.dumps({"vocab": tokenizer.get_vocab_size(), "allowed": allowed,
                                "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED,
+                               "lookahead": lookahead, "call_off_at": call_off_at,
                                "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
     proc = java(classes, "org.hrmedge.core.CoreCli", "suggest", TOKENIZER, job)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    return json.loads(proc.stdout)
+
+
+def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path, monkeypatch):
+    out = java_words(tokenizer, allowed, classes, tmp_path)
     model_calls = []
     assert_same_words(out["sequences"], python_words(tokenizer, allowed, model_calls=model_calls), "WordSuggester.java")
     assert out["model_calls"] == len(model_calls)  # the same context runs (none back to a recent context)
@@ -489,6 +496,38 @@ def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path, monkey
     full = []
     python_words(tokenizer, allowed, full)
     assert 0 < out["draft_calls"] < sum(b for b, _ in full), (out["draft_calls"], full)
+
+
+def test_the_android_lookahead_gives_the_same_words(tokenizer, allowed, classes, tmp_path):
+    """The Android core's Lookahead typing the sessions as the page's test does (the work ahead guessing the key
+    that comes and a wrong one, called off at a graph call that varies at every other key), on its one cache: the
+    same words as Python at every keystroke, and a key computed ahead makes no model call. Then called off at every
+    key at its k-th call, for each k from 1 to 7: the same words (the chains of an extension called off are marked
+    cut short, or a reused one open after 5 tokens is read as dropped)."""
+    want = python_words(tokenizer, allowed)
+    out = java_words(tokenizer, allowed, classes, tmp_path, lookahead=True)
+    assert_same_words(out["sequences"], want, "Lookahead.java")
+    ahead = [calls for flags, key_calls in zip(out["ahead"], out["key_calls"], strict=True)
+             for flag, calls in zip(flags, key_calls, strict=True) if flag]
+    assert len(ahead) > sum(map(len, out["ahead"])) // 4, (len(ahead), out["ahead"])
+    assert ahead == [0] * len(ahead)
+    for k in range(1, 8):
+        out = java_words(tokenizer, allowed, classes, tmp_path, lookahead=True, call_off_at=k)
+        assert_same_words(out["sequences"], want, f"Lookahead.java called off at call {k}")
+
+
+def test_java_and_the_page_guess_the_same_next_keys(tokenizer, allowed, classes, tmp_path):
+    """likelyKeys (the keys the lookahead computes ahead) in Java and the page's JS: the same 3 keys after every
+    keystroke of the sessions, where the chips' first characters and where the tokens' summed probability give them."""
+    java_keys = java_words(tokenizer, allowed, classes, tmp_path)["likely"]
+    page_keys = [[step["likely"] for step in steps] for steps in node_words(tokenizer, allowed, tmp_path / "node")]
+    assert java_keys == page_keys
+    keys = [k for steps in java_keys for k in steps]
+    assert sum(len(k) == 3 for k in keys) > len(keys) // 2 and [] in keys  # mostly 3; none after the empty text
+    # and some keys came from the tokens (fewer than 3 different first characters among the chips)
+    words = python_words(tokenizer, allowed)
+    firsts = [len({w[1][0] for w in step if w[1]}) for steps in words for step in steps]
+    assert any(f < len(k) for f, k in zip(firsts, keys)), (firsts, keys)
 
 
 # ---- the eager step model (a checkpoint behind the KV graph's contract) ----

@@ -85,6 +85,7 @@ export function likelyKeys(context, tokenizer, text, words, count = LOOKAHEAD_KE
   for (const w of words) if (w.insert) add(String.fromCodePoint(w.insert.codePointAt(0)));
   if (keys.length >= count || !context.logits) return keys;
   const { ids, cut } = typedIds(tokenizer, text, context.model.maxSeqLen);
+  if (ids.length === 0) return keys; // no text: the context's logits are those of an earlier one
   const prefix = cut < ids.length ? tokenizer.decode(ids.slice(cut)) : "";
   const texts = context.tokenTexts(tokenizer, context.logits.length), probability = probabilities(context.logits);
   const mass = new Map(); // next character -> summed probability of the tokens that continue with it

@@ -211,6 +211,47 @@ public final class WordSuggester {
         return new ArrayList<>(out.subList(0, Math.min(n, out.size())));
     }
 
+    /** Forget the program's cache rows (another caller of the same program overwrote them): the next suggestion
+     *  runs its whole context. */
+    public void forgetCache() {
+        cached = new int[0];
+        cachedLogits = null;
+        chains = new HashMap<>();
+        recent.clear();
+    }
+
+    /** The count likeliest next characters after `text`, called right after suggest(text) gave `words` (as the page's
+     *  likelyKeys, lookahead.mjs): the first character of each chip's insert, in chip order, then those of the tokens
+     *  that continue the taken-back text (healing), by their summed probability (ties: the lower token first). */
+    public List<String> likelyKeys(String text, List<Suggestion> words, int count) {
+        List<String> keys = new ArrayList<>();
+        for (Suggestion w : words) {
+            if (!w.insert.isEmpty()) addKey(keys, new String(Character.toChars(w.insert.codePointAt(0))), count);
+        }
+        int[] ids = contextWindow(typed.encode(text), model.maxSeqLen());
+        if (keys.size() >= count || cachedLogits == null || ids.length == 0) return keys;
+        int cut = ids.length > 1 ? healedStart(ids, trailingWord(text)) : ids.length;
+        String prefix = tokenizer.decode(Arrays.copyOfRange(ids, cut, ids.length));
+        String[] texts = tokenTexts(cachedLogits.length);
+        double max = Double.NEGATIVE_INFINITY, sum = 0; // the softmax, as probability() computes it
+        for (float x : cachedLogits) max = Math.max(max, x);
+        for (float x : cachedLogits) sum += Math.exp(x - max);
+        Map<String, Double> mass = new LinkedHashMap<>(); // next character -> summed probability of its tokens
+        for (int t = 0; t < texts.length; t++) {
+            if (texts[t].length() <= prefix.length() || !texts[t].startsWith(prefix)) continue;
+            String ch = new String(Character.toChars(texts[t].codePointAt(prefix.length())));
+            mass.merge(ch, Math.exp(cachedLogits[t] - max) / sum, Double::sum);
+        }
+        List<Map.Entry<String, Double>> ranked = new ArrayList<>(mass.entrySet());
+        ranked.sort((a, b) -> Double.compare(b.getValue(), a.getValue())); // stable: ties keep token order
+        for (Map.Entry<String, Double> e : ranked) addKey(keys, e.getKey(), count);
+        return keys;
+    }
+
+    private static void addKey(List<String> keys, String key, int count) {
+        if (keys.size() < count && !keys.contains(key)) keys.add(key);
+    }
+
     /** Whether a chain computed for an earlier keystroke is computed again: one of its family was cut short, or is
      *  too short to decide. */
     private boolean stale(Chain chain, String prefix, boolean midWord) {
@@ -250,8 +291,19 @@ public final class WordSuggester {
      *  point where they part still hold its tokens), until each has ended or is out of budget; stops, leaving the
      *  open ones cut short, once no end of them can change the n words shown (docs/keyboard.md step 6). */
     private void extendAll(List<Chain> fresh, List<Chain> all, String prefix, String partial, int n) {
-        boolean midWord = !partial.isEmpty();
         List<Chain> queue = new ArrayList<>(fresh);
+        try {
+            extendQueue(queue, all, prefix, partial, n);
+        } catch (RuntimeException e) { // a model call called off (Lookahead) or failed: whoever reuses the chains
+            boolean midWord = !partial.isEmpty(); // still open computes them again, not reading them as dropped
+            for (Chain chain : queue) if (stillOpen(chain, prefix, midWord)) chain.cutShort = true;
+            throw e;
+        }
+    }
+
+    /** extendAll's steps; adds the forks to the queue right after their chain. */
+    private void extendQueue(List<Chain> queue, List<Chain> all, String prefix, String partial, int n) {
+        boolean midWord = !partial.isEmpty();
         for (int i = 0; i < queue.size(); i++) {
             Chain chain = queue.get(i);
             while (stillOpen(chain, prefix, midWord)) {
@@ -312,15 +364,14 @@ public final class WordSuggester {
         if (common == ids.length && common == cached.length && cachedLogits != null) return cachedLogits;
         String key = key(ids);
         Recent earlier = common == ids.length ? recent.remove(key) : null;
-        if (cachedLogits != null) recent.put(key(cached), new Recent(cachedLogits, chains));
-        if (earlier != null) {
-            cachedLogits = earlier.logits;
-            chains = earlier.chains;
-        } else {
+        float[] logits = null;
+        if (earlier == null) { // before anything changes: a call that throws (called off) leaves the state as it was
             common = Math.min(common, ids.length - 1); // the last token runs again to give its logits
-            cachedLogits = model.forward(Arrays.copyOfRange(ids, common, ids.length), common);
-            chains = new HashMap<>();
+            logits = model.forward(Arrays.copyOfRange(ids, common, ids.length), common);
         }
+        if (cachedLogits != null) recent.put(key(cached), new Recent(cachedLogits, chains));
+        cachedLogits = earlier != null ? earlier.logits : logits;
+        chains = earlier != null ? earlier.chains : new HashMap<>();
         cached = ids.clone();
         recent.keySet().removeIf(k -> !key.startsWith(k + ",")); // only a shorter prefix can be gone back to
         while (recent.size() > RECENT_CONTEXTS) recent.remove(recent.keySet().iterator().next()); // the oldest

@@ -20,6 +20,7 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import org.hrmedge.core.ByteLevelBpe;
 import org.hrmedge.core.GenerationStats;
+import org.hrmedge.core.Lookahead;
 import org.hrmedge.core.ParityMetrics;
 import org.hrmedge.core.WebBundle;
 import org.hrmedge.core.WordSuggester;
@@ -41,14 +42,18 @@ import org.pytorch.executorch.extension.llm.LlmModule;
  */
 public class MainActivity extends Activity {
     static final String PTE = "hrm.kv.pte", TOKENIZER = "tokenizer.json", BUNDLE = "web_bundle.bin";
-    static final int MAX_NEW_TOKENS = 64, SUGGEST_DEBOUNCE_MS = 120;
+    static final int MAX_NEW_TOKENS = 64;
+    /** As the page's: shorter than the gap between a phone typist's keys, so the chips follow every key (a guessed
+     *  key's at once), while keys closer together (auto-repeat, a paste) share one run (docs/keyboard.md). */
+    static final int SUGGEST_DEBOUNCE_MS = 30;
 
     private final ExecutorService worker = Executors.newSingleThreadExecutor();
     private final Handler ui = new Handler(Looper.getMainLooper());
     private Module module;
     private LlmModule llm;
     private ByteLevelBpe tokenizer;
-    private WordSuggester suggester;
+    /** Set by load(): the suggestions, and the chips of the likeliest next key computed between keys. */
+    private volatile Lookahead lookahead;
     private int maxSeqLen;
     private EditText text;
     private TextView status, stats, suggestTime, selftestResult;
@@ -73,6 +78,7 @@ public class MainActivity extends Activity {
             @Override public void beforeTextChanged(CharSequence s, int a, int b, int c) {}
             @Override public void onTextChanged(CharSequence s, int a, int b, int c) {}
             @Override public void afterTextChanged(Editable s) {
+                if (lookahead != null) lookahead.keyTyped(); // the work ahead stops before its next model call
                 ui.removeCallbacks(suggestRunnable);
                 ui.postDelayed(suggestRunnable, SUGGEST_DEBOUNCE_MS);
             }
@@ -100,7 +106,7 @@ public class MainActivity extends Activity {
             llm = new LlmModule(pte.getAbsolutePath(), tok.getAbsolutePath(), 0f);
             llm.load();
             tokenizer = new ByteLevelBpe(new String(Files.readAllBytes(tok.toPath()), "UTF-8"));
-            suggester = new WordSuggester(new PteStepModel(), tokenizer);
+            lookahead = new Lookahead(new PteStepModel(), null, tokenizer);
             long ms = (System.nanoTime() - t) / 1_000_000;
             ui.post(() -> { status.setText("int8 KV program loaded in " + ms + " ms"); suggestRunnable.run(); });
         } catch (Exception e) {
@@ -127,14 +133,18 @@ public class MainActivity extends Activity {
         }
     }
 
+    /** The chips after the text before the cursor; then, on the same worker, the chips after the likeliest next key
+     *  (a key that was guessed shows them at once; any key calls the work off, docs/keyboard.md "Lookahead"). */
     private final Runnable suggestRunnable = () -> {
-        if (suggester == null) return;
+        if (lookahead == null) return;
         String before = text.getText().subSequence(0, text.getSelectionStart()).toString();
+        int key = lookahead.keysTyped();
         worker.execute(() -> {
             long t = System.nanoTime();
-            List<WordSuggester.Suggestion> found = suggester.suggest(before, 3);
+            Lookahead.Result found = lookahead.suggest(before, 3);
             long ms = (System.nanoTime() - t) / 1_000_000;
-            ui.post(() -> showSuggestions(found, ms));
+            ui.post(() -> showSuggestions(found.words, ms));
+            lookahead.ahead(before, found.nextKeys, 3, key);
         });
     };
 
@@ -150,6 +160,7 @@ public class MainActivity extends Activity {
 
     private void complete() {
         if (llm == null) return;
+        if (lookahead != null) lookahead.keyTyped(); // the work ahead waits: the completion runs on the same worker
         int cursor = text.getSelectionStart();
         String before = text.getText().subSequence(0, cursor).toString();
         float temperature = parseOr(((EditText) findViewById(R.id.temperature)).getText().toString(), 0f);
@@ -177,10 +188,13 @@ public class MainActivity extends Activity {
     private void selfTest() {
         if (module == null) return;
         selftestResult.setText("running…");
+        if (lookahead != null) lookahead.keyTyped(); // the work ahead waits: the self-test runs on the same worker
         worker.execute(() -> {
             try {
                 WebBundle b = WebBundle.read(Files.readAllBytes(new File(getFilesDir(), BUNDLE).toPath()));
                 long t = System.nanoTime();
+                // the bundle's windows overwrite the cache rows of the typed text
+                if (lookahead != null) lookahead.forgetCache();
                 float[] logits = runBundle(b);
                 ParityMetrics.Result r = ParityMetrics.check(logits, b, "int8");
                 long ms = (System.nanoTime() - t) / 1_000_000;

@@ -6,7 +6,9 @@ import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.List;
 import java.util.Map;
 import java.util.StringJoiner;
@@ -23,7 +25,10 @@ import java.util.StringJoiner;
  *                                    "draft_calls" / "model_calls": the draft's / the model's forward calls in
  *                                    all} from WordSuggester on
  *                                    HashStepModel (chains on a draft HashStepModel of seed draft_seed, unless
- *                                    null), one suggester (cache) per sequence
+ *                                    null), one suggester (cache) per sequence; per key "ahead" (computed
+ *                                    ahead), "key_calls" (its own calls) and "likely" (the 3 likeliest next
+ *                                    keys). With "lookahead": true, typed through Lookahead, the work ahead
+ *                                    called off at the key's "call_off_at"-th call (null: varies, every other key)
  *   heal TOKENIZER_JSON CASES        cases: a JSON array of {text, logits, generated, penalty}; per case prints the
  *                                    healed context's ids, the allowed first tokens' ids, and the logits penalised
  *                                    over context + generated as the raw bits of each double
@@ -93,28 +98,94 @@ public final class CoreCli {
         List<Object> allowedList = Json.array(job.get("allowed"));
         int[] allowed = new int[allowedList.size()];
         for (int i = 0; i < allowed.length; i++) allowed[i] = (int) Json.number(allowedList.get(i));
-        StringJoiner sequences = new StringJoiner(",", "[", "]");
+        boolean lookahead = Boolean.TRUE.equals(job.get("lookahead"));
+        StringJoiner sequences = new StringJoiner(",", "[", "]"), ahead = new StringJoiner(",", "[", "]");
+        StringJoiner keyCalls = new StringJoiner(",", "[", "]"), likely = new StringJoiner(",", "[", "]");
         int draftCalls = 0, modelCalls = 0;
         for (Object texts : Json.array(job.get("sequences"))) {
             HashStepModel model = new HashStepModel((int) Json.number(job.get("vocab")), allowed,
                     (int) Json.number(job.get("max_seq_len")));
             Object draftSeed = job.get("draft_seed"); // the draft fixture's seed, or null: no draft
             HashStepModel draft = draftSeed == null ? null : new HashStepModel(model, (int) Json.number(draftSeed));
-            WordSuggester suggester = new WordSuggester(model, draft, tok);
-            StringJoiner steps = new StringJoiner(",", "[", "]");
-            for (Object text : Json.array(texts)) {
-                StringJoiner words = new StringJoiner(",", "[", "]");
-                for (WordSuggester.Suggestion w : suggester.suggest((String) text, 3)) {
-                    words.add("[" + quote(w.label) + "," + quote(w.insert) + "," + w.probability + "," + quote(w.ending) + "]");
-                }
-                steps.add(words.toString());
-            }
-            sequences.add(steps.toString());
+            Session session = new Session(model, draft);
+            List<String> typed = new ArrayList<>();
+            for (Object text : Json.array(texts)) typed.add((String) text);
+            if (lookahead) session.typeWithLookahead(tok, typed, job.get("call_off_at"));
+            else session.type(tok, typed);
+            sequences.add(session.words.toString());
+            ahead.add(session.ahead.toString());
+            keyCalls.add(session.keyCalls.toString());
+            likely.add(session.likely.toString());
             draftCalls += draft == null ? 0 : draft.calls;
             modelCalls += model.calls;
         }
         return "{\"sequences\":" + sequences + ",\"draft_calls\":" + draftCalls + ",\"model_calls\":" + modelCalls
-                + "}";
+                + ",\"ahead\":" + ahead + ",\"key_calls\":" + keyCalls + ",\"likely\":" + likely + "}";
+    }
+
+    /** One typing session (one cache) on the fixture models; per key its words, whether they were computed ahead,
+     *  the model calls it made itself, and (without the lookahead) the 3 likeliest next keys after it. */
+    private static final class Session {
+        final HashStepModel model, draft;
+        final StringJoiner words = new StringJoiner(",", "[", "]"), ahead = new StringJoiner(",", "[", "]");
+        final StringJoiner keyCalls = new StringJoiner(",", "[", "]"), likely = new StringJoiner(",", "[", "]");
+
+        Session(HashStepModel model, HashStepModel draft) {
+            this.model = model;
+            this.draft = draft;
+        }
+
+        int calls() {
+            return model.calls + (draft == null ? 0 : draft.calls);
+        }
+
+        void add(List<WordSuggester.Suggestion> found, boolean computedAhead, int calls) {
+            StringJoiner w = new StringJoiner(",", "[", "]");
+            for (WordSuggester.Suggestion s : found) {
+                w.add("[" + quote(s.label) + "," + quote(s.insert) + "," + s.probability + "," + quote(s.ending) + "]");
+            }
+            words.add(w.toString());
+            ahead.add(Boolean.toString(computedAhead));
+            keyCalls.add(Integer.toString(calls));
+        }
+
+        void type(ByteLevelBpe tok, List<String> texts) {
+            WordSuggester suggester = new WordSuggester(model, draft, tok);
+            for (String text : texts) {
+                int before = calls();
+                List<WordSuggester.Suggestion> found = suggester.suggest(text, 3);
+                add(found, false, calls() - before);
+                StringJoiner keys = new StringJoiner(",", "[", "]");
+                for (String key : suggester.likelyKeys(text, found, 3)) keys.add(quote(key));
+                likely.add(keys.toString());
+            }
+        }
+
+        /** As keyboard_fixture.mjs types with the page's Lookahead: after each key the work ahead computes the next
+         *  key (where it is one more character; "#" if not) and a wrong one, in either order, and at every other key
+         *  (callOffAt null) or at every key, a key comes at its k-th model call. */
+        void typeWithLookahead(ByteLevelBpe tok, List<String> texts, Object callOffAt) {
+            Lookahead look = new Lookahead(model, draft, tok);
+            for (int i = 0; i < texts.size(); i++) {
+                String text = texts.get(i), next = i + 1 < texts.size() ? texts.get(i + 1) : "";
+                int key = look.keyTyped(), before = calls();
+                Lookahead.Result result = look.suggest(text, 3);
+                add(result.words, result.ahead, calls() - before);
+                String typedNext = next.startsWith(text) ? next.substring(text.length()) : "";
+                List<String> guesses = new ArrayList<>(List.of(typedNext.length() == 1 ? typedNext : "#",
+                        typedNext.equals("x") ? "y" : "x"));
+                if (i % 3 == 2) Collections.reverse(guesses);
+                int k = callOffAt != null ? (int) Json.number(callOffAt) : 1 + i % 7;
+                boolean callOff = callOffAt != null || i % 2 == 1;
+                int[] seen = {0};
+                Runnable onCall = () -> { if (callOff && ++seen[0] == k) look.keyTyped(); };
+                model.onCall = onCall;
+                if (draft != null) draft.onCall = onCall;
+                look.ahead(text, guesses, 3, key);
+                model.onCall = null; // the next key's own calls are not called off
+                if (draft != null) draft.onCall = null;
+            }
+        }
     }
 
     /** A JSON string literal (non-ASCII escaped, so the console encoding cannot alter it). */

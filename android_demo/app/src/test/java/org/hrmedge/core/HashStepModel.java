@@ -13,6 +13,8 @@ final class HashStepModel implements WordSuggester.StepModel {
     private final int seed;
     /** forward() calls so far. */
     int calls;
+    /** Run at each call, before its logits are computed (a key that comes while the call is in flight). */
+    Runnable onCall;
 
     HashStepModel(int vocab, int[] allowedIds, int maxSeqLen) {
         allowed = new boolean[vocab];
@@ -43,6 +45,7 @@ final class HashStepModel implements WordSuggester.StepModel {
     public float[] forward(int[] tokens, int start) {
         if (start + tokens.length > maxSeqLen) throw new IllegalArgumentException("context full");
         calls++;
+        if (onCall != null) onCall.run();
         System.arraycopy(tokens, 0, ids, start, tokens.length);
         int h = seed;
         for (int i = 0; i < start + tokens.length; i++) h = mix(h ^ (ids[i] * 0x9e3779b1 + i));

@@ -1,0 +1,104 @@
+package org.hrmedge.core;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertTrue;
+
+import java.util.List;
+import org.junit.Test;
+
+public class LookaheadTest {
+    static List<String> labels(List<WordSuggester.Suggestion> words) {
+        return WordSuggesterTest.labels(words);
+    }
+
+    @Test
+    public void aGuessedKeyShowsTheChipsComputedAheadWithNoModelCall() {
+        WordSuggesterTest.FakeModel model = new WordSuggesterTest.FakeModel();
+        Lookahead look = new Lookahead(model, null, TestTokenizer.load());
+        int key = look.keyTyped();
+        Lookahead.Result typed = look.suggest("c", 3);
+        assertFalse(typed.ahead);
+        assertEquals(1, look.ahead("c", List.of(" "), 3, key));
+        model.calls.clear();
+        look.keyTyped();
+        Lookahead.Result guessed = look.suggest("c ", 3);
+        assertTrue(guessed.ahead);
+        assertEquals(List.of(), model.calls);
+        List<String> want = labels(new WordSuggester(new WordSuggesterTest.FakeModel(), TestTokenizer.load())
+                .suggest("c ", 3));
+        assertEquals(List.of("a|a|(", "bb|bb|(", "c|c| a"), want);
+        assertEquals(want, labels(guessed.words));
+        assertEquals(List.of("a"), guessed.nextKeys); // the first chip's first character
+    }
+
+    /** The fake model; a key comes while its `at`-th call (counted from `from`) is in flight. */
+    static final class KeyAtCall implements WordSuggester.StepModel {
+        final WordSuggesterTest.FakeModel model = new WordSuggesterTest.FakeModel();
+        Lookahead look;
+        int at = -1, calls;
+
+        @Override
+        public float[] forward(int[] tokens, int start) {
+            if (++calls == at) look.keyTyped();
+            return model.forward(tokens, start);
+        }
+
+        @Override
+        public int maxSeqLen() {
+            return model.maxSeqLen();
+        }
+    }
+
+    @Test
+    public void aKeyStopsTheWorkAheadBeforeItsNextCall() {
+        KeyAtCall model = new KeyAtCall();
+        Lookahead look = new Lookahead(model, null, TestTokenizer.load());
+        model.look = look;
+        int key = look.keyTyped();
+        look.suggest("c", 3);
+        model.calls = 0;
+        model.at = 2;
+        assertEquals(0, look.ahead("c", List.of(" ", "a"), 3, key)); // none computed to its end
+        assertEquals(2, model.calls); // the call in flight finished; none after it
+        model.at = -1;
+        look.keyTyped();
+        Lookahead.Result later = look.suggest("c ", 3); // not computed ahead: the chains left cut short run again
+        assertFalse(later.ahead);
+        assertEquals(List.of("a|a|(", "bb|bb|(", "c|c| a"), labels(later.words));
+        model.calls = 0;
+        assertEquals(0, look.ahead("c ", List.of("a"), 3, key)); // a key came since `key`: nothing runs
+        assertEquals(0, model.calls);
+    }
+
+    @Test
+    public void afterForgetCacheTheWholeContextRunsAgain() {
+        WordSuggesterTest.FakeModel model = new WordSuggesterTest.FakeModel();
+        Lookahead look = new Lookahead(model, null, TestTokenizer.load());
+        int key = look.keyTyped();
+        List<String> want = labels(look.suggest("c a c", 3).words);
+        look.ahead("c a c", List.of(" "), 3, key);
+        look.forgetCache(); // (the app's self-test ran the same program from position 0)
+        model.calls.clear();
+        look.keyTyped();
+        Lookahead.Result again = look.suggest("c a c", 3);
+        assertFalse(again.ahead);
+        assertEquals(want, labels(again.words));
+        assertEquals("0:3", model.calls.get(0)); // the context "c", " a", " " from position 0, not from the cache
+    }
+
+    @Test
+    public void likelyKeysAreTheChipsFirstCharactersThenTheLikeliestTokensFirstOnes() {
+        WordSuggester suggester = new WordSuggester(new WordSuggesterTest.FakeModel(), TestTokenizer.load());
+        List<WordSuggester.Suggestion> words = suggester.suggest("c ", 3);
+        assertEquals(List.of("a", "b"), suggester.likelyKeys("c ", words, 2));
+        // after "c" (one token, nothing taken back), the chips' "b" and "c", then the first characters of the tokens
+        // that may follow, by summed probability: " a" 2, " b" 1, " " 0 start with " "; "a" "b" "c" "(" at -20
+        // (ties in token order); the special tokens have no text
+        words = suggester.suggest("c", 3);
+        assertEquals(List.of("cb|b|(", "cc|c| a"), labels(words));
+        assertEquals(List.of("b", "c", " "), suggester.likelyKeys("c", words, 3));
+        assertEquals(List.of(" ", "a", "b"), suggester.likelyKeys("c", List.of(), 3));
+        assertEquals(List.of(), suggester.likelyKeys("", List.of(), 3));
+    }
+}
