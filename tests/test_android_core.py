@@ -37,7 +37,7 @@ def java(classes: Path, *args, timeout=300) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
-CORE_CLASSES = ["ByteLevelBpe", "GenerationStats", "Json", "Lookahead", "ParityMetrics", "Sampling", "TokenHealing",
+CORE_CLASSES = ["ByteLevelBpe", "Completion", "Json", "Lookahead", "ParityMetrics", "Sampling", "TokenHealing",
                 "WebBundle", "WordSuggester"]
 
 
@@ -154,6 +154,51 @@ def test_java_heals_and_penalises_like_python(classes, tmp_path):
     proc = java(classes, "org.hrmedge.core.CoreCli", "heal", path, tmp_path / "cases.json")
     assert proc.returncode == 0, proc.stderr
     check_client_healing(proc.stdout, cases, token_bytes(tok))
+
+
+def test_java_completes_like_python(classes, tmp_path):
+    """The app's Complete (Completion.java) against hrm_edge.runtime.decoders.generate, greedy, on the hash fixture
+    model (tests/test_keyboard.py) and the shipped tokenizer, with and without the repetition penalty: the same
+    tokens and text, the text streamed without a U+FFFD, the prompt cut to the context as the page cuts it, and
+    healing (the first token starts with the bytes of the prompt's last one, which the text leaves out)."""
+    from hrm_edge.runtime.decoders import Decoder, Sampling, generate
+    from hrm_edge.runtime.healing import heal_prompt, token_bytes
+    from hrm_edge.train.tokenizer import eos_id, load_tokenizer
+    from test_keyboard import FIXTURE_MAX_SEQ_LEN, LONG, HashStepModel, TOKENIZER, printable_ids
+
+    class FixtureDecoder(Decoder):
+        def __init__(self, step):
+            self.step, self.max_seq_len = step, step.max_seq_len
+            self.reset()
+
+        def reset(self):
+            (self.k, self.v), self.pos = self.step.empty_past(), 0
+
+        def _run(self, tokens):
+            logits, self.k, self.v = self.step.run(tokens[None, :], self.k, self.v)
+            self.pos += len(tokens)
+            return logits[0]
+
+    tok = load_tokenizer(TOKENIZER)
+    allowed, vocab_bytes = printable_ids(tok), token_bytes(tok)
+    cases = [{"text": text, "penalty": penalty} for text in ("import json\n\ndef load(path):\n", "def ", "x = fo",
+                                                              "caf\u00e9 = ", LONG) for penalty in (1.0, 1.2)]
+    job = {"vocab": tok.get_vocab_size(), "allowed": allowed, "max_seq_len": FIXTURE_MAX_SEQ_LEN,
+           "eos": eos_id(tok), "max_new_tokens": 12, "cases": cases}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    proc = java(classes, "org.hrmedge.core.CoreCli", "complete", TOKENIZER, tmp_path / "job.json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    for case, out in zip(cases, got, strict=True):
+        ids = tok.encode(case["text"], add_special_tokens=False).ids[-(FIXTURE_MAX_SEQ_LEN - 1):]  # the page's cut
+        context, heal = heal_prompt(ids, vocab_bytes)
+        decoder = FixtureDecoder(HashStepModel(allowed, tok.get_vocab_size()))
+        g = generate(decoder, context, 12, Sampling(repetition_penalty=case["penalty"]), eos_id(tok), heal=heal)
+        text = b"".join(vocab_bytes[t] for t in g.tokens)[len(heal.prefix) if heal else 0:].decode(errors="replace")
+        assert out["tokens"] == g.tokens and out["text"] == text, (case, out, g.tokens, text)
+        assert out["shown"][-1] == text and not any("\ufffd" in s for s in out["shown"]), out
+        assert out["truncated"] == (case["text"] == LONG)
+    assert any(a["tokens"] != b["tokens"] for a, b in zip(got[::2], got[1::2]))  # the penalty changed something
 
 
 @pytest.mark.slow

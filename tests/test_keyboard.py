@@ -75,12 +75,16 @@ def tokenizer():
     return load_tokenizer(TOKENIZER)
 
 
-@pytest.fixture(scope="module")
-def allowed(tokenizer) -> list[int]:
+def printable_ids(tokenizer) -> list[int]:
     """Token ids whose text is printable ASCII (or tab / newline): decoding never meets a broken UTF-8 sequence,
     where each language's decoder may place U+FFFD differently."""
     texts = tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())])
     return [i for i, t in enumerate(texts) if t and all(c in "\t\n" or " " <= c <= "~" for c in t)]
+
+
+@pytest.fixture(scope="module")
+def allowed(tokenizer) -> list[int]:
+    return printable_ids(tokenizer)
 
 
 def typed(start: str, keys: str) -> list[str]:

@@ -19,26 +19,26 @@ import java.util.Locale;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import org.hrmedge.core.ByteLevelBpe;
-import org.hrmedge.core.GenerationStats;
+import org.hrmedge.core.Completion;
 import org.hrmedge.core.Lookahead;
 import org.hrmedge.core.ParityMetrics;
+import org.hrmedge.core.TokenHealing;
 import org.hrmedge.core.WebBundle;
 import org.hrmedge.core.WordSuggester;
 import org.pytorch.executorch.EValue;
 import org.pytorch.executorch.Module;
 import org.pytorch.executorch.Tensor;
-import org.pytorch.executorch.extension.llm.LlmCallback;
-import org.pytorch.executorch.extension.llm.LlmGenerationConfig;
-import org.pytorch.executorch.extension.llm.LlmModule;
 
 /**
  * The phone demo on ExecuTorch: suggestions as you type, a streamed completion with tokens/s, and a
  * self-test of the web parity bundle. Only UI and ExecuTorch calls live here; the rest is the plain-Java
  * core (org.hrmedge.core), compiled and tested on the JDK by tests/test_android_core.py.
  *
- * Two handles on the same int8 KV .pte: LlmModule (ExecuTorch's runner: tokenizes, samples, streams text)
- * for completion, and Module for suggestions and the self-test, which need logits. All model calls run on
- * one background thread, one at a time.
+ * One handle on the int8 KV .pte, ExecuTorch's Module (forward -> logits), serves the suggestions, the completion
+ * (the core's Completion: token healing and the repetition penalty, which ExecuTorch's LlmModule, text in and text
+ * out, cannot apply; and one copy of the program in memory, not two) and the self-test. All model calls run on one
+ * background thread, one at a time; after a completion or the self-test the suggestions forget the cache rows they
+ * had (the same program's buffers, written from position 0 again).
  */
 public class MainActivity extends Activity {
     static final String PTE = "hrm.kv.pte", TOKENIZER = "tokenizer.json", BUNDLE = "web_bundle.bin";
@@ -50,7 +50,8 @@ public class MainActivity extends Activity {
     private final ExecutorService worker = Executors.newSingleThreadExecutor();
     private final Handler ui = new Handler(Looper.getMainLooper());
     private Module module;
-    private LlmModule llm;
+    private volatile Completion completion; // set by load() (after the tokenizer, which complete() reads)
+    private volatile boolean stopCompletion;
     private ByteLevelBpe tokenizer;
     /** Set by load(): the suggestions, and the chips of the likeliest next key computed between keys. */
     private volatile Lookahead lookahead;
@@ -72,7 +73,7 @@ public class MainActivity extends Activity {
         words[1] = findViewById(R.id.word1);
         words[2] = findViewById(R.id.word2);
         findViewById(R.id.complete).setOnClickListener(v -> complete());
-        findViewById(R.id.stop).setOnClickListener(v -> { if (llm != null) llm.stop(); });
+        findViewById(R.id.stop).setOnClickListener(v -> stopCompletion = true);
         findViewById(R.id.selftest).setOnClickListener(v -> selfTest());
         text.addTextChangedListener(new TextWatcher() {
             @Override public void beforeTextChanged(CharSequence s, int a, int b, int c) {}
@@ -103,9 +104,9 @@ public class MainActivity extends Activity {
             long t = System.nanoTime();
             module = Module.load(pte.getAbsolutePath());
             maxSeqLen = (int) module.execute("get_max_seq_len")[0].toInt();
-            llm = new LlmModule(pte.getAbsolutePath(), tok.getAbsolutePath(), 0f);
-            llm.load();
             tokenizer = new ByteLevelBpe(new String(Files.readAllBytes(tok.toPath()), "UTF-8"));
+            completion = new Completion(new PteStepModel(), TokenHealing.vocabBytes(tokenizer),
+                    tokenizer.specialId("<|eos|>"));
             lookahead = new Lookahead(new PteStepModel(), null, tokenizer);
             long ms = (System.nanoTime() - t) / 1_000_000;
             ui.post(() -> { status.setText("int8 KV program loaded in " + ms + " ms"); suggestRunnable.run(); });
@@ -158,30 +159,35 @@ public class MainActivity extends Activity {
         suggestTime.setText(ms + " ms");
     }
 
+    /** Streams a completion of the text before the cursor into the box (greedy at temperature 0, as complete). */
     private void complete() {
-        if (llm == null) return;
+        if (completion == null) return;
         if (lookahead != null) lookahead.keyTyped(); // the work ahead waits: the completion runs on the same worker
         int cursor = text.getSelectionStart();
         String before = text.getText().subSequence(0, cursor).toString();
-        float temperature = parseOr(((EditText) findViewById(R.id.temperature)).getText().toString(), 0f);
-        int promptTokens = tokenizer.encode(before).length;
-        // executorch 1.4.1's generate(prompt, config, callback) passes seqLen (prompt + new tokens), not maxNewTokens
-        LlmGenerationConfig config = LlmGenerationConfig.create().echo(false).temperature(temperature)
-                .seqLen(Math.min(maxSeqLen, promptTokens + MAX_NEW_TOKENS)).build();
-        final int[] insertAt = {cursor};
-        worker.execute(() -> llm.generate(before, config, new LlmCallback() {
-            @Override public void onResult(String piece) {
-                ui.post(() -> { text.getText().insert(insertAt[0], piece); insertAt[0] += piece.length(); });
+        int[] prompt = tokenizer.encode(before);
+        if (prompt.length == 0) {
+            stats.setText("type something to complete first");
+            return;
+        }
+        Completion.Settings settings = new Completion.Settings();
+        settings.temperature = parseOr(((EditText) findViewById(R.id.temperature)).getText().toString(), 0f);
+        settings.maxNewTokens = MAX_NEW_TOKENS;
+        stopCompletion = false;
+        final int[] shownLength = {0}; // the completion's characters in the box so far
+        worker.execute(() -> {
+            try {
+                Completion.Result r = completion.run(prompt, settings, shown -> ui.post(() -> {
+                    text.getText().replace(cursor, cursor + shownLength[0], shown);
+                    shownLength[0] = shown.length();
+                }), () -> stopCompletion);
+                ui.post(() -> stats.setText(r.summary()));
+            } catch (RuntimeException e) {
+                ui.post(() -> stats.setText("completion failed: " + e));
+            } finally {
+                if (lookahead != null) lookahead.forgetCache(); // its rows overwrote the typed text's
             }
-
-            @Override public void onStats(String json) {
-                ui.post(() -> stats.setText(GenerationStats.parse(json).summary()));
-            }
-
-            @Override public void onError(int code, String message) {
-                ui.post(() -> stats.setText("error " + code + ": " + message));
-            }
-        }));
+        });
     }
 
     /** Run the web parity bundle through the program (prefill, then one decode step per token). */

@@ -29,6 +29,9 @@ import java.util.StringJoiner;
  *                                    ahead), "key_calls" (its own calls) and "likely" (the 3 likeliest next
  *                                    keys). With "lookahead": true, typed through Lookahead, the work ahead
  *                                    called off at the key's "call_off_at"-th call (null: varies, every other key)
+ *   complete TOKENIZER_JSON JOB      job: {vocab, allowed, max_seq_len, eos, max_new_tokens, cases: [{text,
+ *                                    penalty}]}; prints per case Completion's (greedy) tokens, text, the texts its
+ *                                    listener got, where it stopped and whether the prompt was cut, on HashStepModel
  *   heal TOKENIZER_JSON CASES        cases: a JSON array of {text, logits, generated, penalty}; per case prints the
  *                                    healed context's ids, the allowed first tokens' ids, and the logits penalised
  *                                    over context + generated as the raw bits of each double
@@ -64,6 +67,9 @@ public final class CoreCli {
         } else if (args.length == 3 && args[0].equals("suggest")) {
             ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
             System.out.println(suggest(tok, Json.object(Json.parse(Files.readString(Path.of(args[2]), StandardCharsets.UTF_8)))));
+        } else if (args.length == 3 && args[0].equals("complete")) {
+            ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
+            System.out.println(complete(tok, Json.object(Json.parse(Files.readString(Path.of(args[2]), StandardCharsets.UTF_8)))));
         } else if (args.length == 3 && args[0].equals("heal")) {
             ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
             byte[][] vocabBytes = TokenHealing.vocabBytes(tok);
@@ -89,15 +95,13 @@ public final class CoreCli {
         } else {
             System.err.println("usage: CoreCli parity BUNDLE LOGITS PRECISION | tokenize TOKENIZER_JSON TEXTS_JSON | "
                     + "typed TOKENIZER_JSON TEXTS_JSON | suggest TOKENIZER_JSON JOB_JSON | "
-                    + "heal TOKENIZER_JSON CASES_JSON");
+                    + "complete TOKENIZER_JSON JOB_JSON | heal TOKENIZER_JSON CASES_JSON");
             System.exit(2);
         }
     }
 
     static String suggest(ByteLevelBpe tok, Map<String, Object> job) {
-        List<Object> allowedList = Json.array(job.get("allowed"));
-        int[] allowed = new int[allowedList.size()];
-        for (int i = 0; i < allowed.length; i++) allowed[i] = (int) Json.number(allowedList.get(i));
+        int[] allowed = ints(job.get("allowed"));
         boolean lookahead = Boolean.TRUE.equals(job.get("lookahead"));
         StringJoiner sequences = new StringJoiner(",", "[", "]"), ahead = new StringJoiner(",", "[", "]");
         StringJoiner keyCalls = new StringJoiner(",", "[", "]"), likely = new StringJoiner(",", "[", "]");
@@ -121,6 +125,29 @@ public final class CoreCli {
         }
         return "{\"sequences\":" + sequences + ",\"draft_calls\":" + draftCalls + ",\"model_calls\":" + modelCalls
                 + ",\"ahead\":" + ahead + ",\"key_calls\":" + keyCalls + ",\"likely\":" + likely + "}";
+    }
+
+    static String complete(ByteLevelBpe tok, Map<String, Object> job) {
+        int[] allowed = ints(job.get("allowed"));
+        byte[][] vocabBytes = TokenHealing.vocabBytes(tok);
+        StringJoiner out = new StringJoiner(",", "[", "]");
+        for (Object c : Json.array(job.get("cases"))) {
+            Map<String, Object> one = Json.object(c);
+            HashStepModel model = new HashStepModel((int) Json.number(job.get("vocab")), allowed,
+                    (int) Json.number(job.get("max_seq_len")));
+            Completion.Settings s = new Completion.Settings();
+            s.repetitionPenalty = Json.number(one.get("penalty"));
+            s.maxNewTokens = (int) Json.number(job.get("max_new_tokens"));
+            List<String> shown = new ArrayList<>();
+            Completion.Result r = new Completion(model, vocabBytes, (int) Json.number(job.get("eos")))
+                    .run(tok.encode((String) one.get("text")), s, shown::add, null);
+            StringJoiner ids = new StringJoiner(",", "[", "]"), texts = new StringJoiner(",", "[", "]");
+            for (int id : r.tokens) ids.add(Integer.toString(id));
+            for (String text : shown) texts.add(quote(text));
+            out.add("{\"tokens\":" + ids + ",\"text\":" + quote(r.text) + ",\"shown\":" + texts
+                    + ",\"stopped_at\":" + quote(r.stoppedAt) + ",\"truncated\":" + r.truncated + "}");
+        }
+        return out.toString();
     }
 
     /** One typing session (one cache) on the fixture models; per key its words, whether they were computed ahead,
@@ -186,6 +213,14 @@ public final class CoreCli {
                 if (draft != null) draft.onCall = null;
             }
         }
+    }
+
+    /** A JSON array of numbers as ints. */
+    static int[] ints(Object array) {
+        List<Object> values = Json.array(array);
+        int[] out = new int[values.size()];
+        for (int i = 0; i < out.length; i++) out[i] = (int) Json.number(values.get(i));
+        return out;
     }
 
     /** A JSON string literal (non-ASCII escaped, so the console encoding cannot alter it). */
