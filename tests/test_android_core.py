@@ -198,6 +198,7 @@ def test_java_completes_like_python(classes, tmp_path):
         assert out["tokens"] == g.tokens and out["text"] == text, (case, out, g.tokens, text)
         assert out["shown"][-1] == text and not any("\ufffd" in s for s in out["shown"]), out
         assert out["truncated"] == (case["text"] == LONG)
+        assert out["stopped_at"] == ("EOS" if g.stopped_at_eos else "max length")  # (EOS: CompletionTest)
     assert any(a["tokens"] != b["tokens"] for a, b in zip(got[::2], got[1::2]))  # the penalty changed something
 
 

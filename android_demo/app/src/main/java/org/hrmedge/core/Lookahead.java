@@ -96,8 +96,8 @@ public final class Lookahead {
                 computed.put(guessed, new Result(words, true, suggester.likelyKeys(guessed, words, KEYS)));
                 done++;
             }
-        } catch (CalledOff e) {
-            // the suggester left the chains it was extending cut short: whoever reuses them computes them again
+        } catch (RuntimeException e) { // called off (CalledOff), or failed: the key, when it comes, computes its
+            // chips itself (and sees a failure that lasts); the suggester left the chains it was extending cut short
         } finally {
             aheadFor = -1;
         }

@@ -52,6 +52,7 @@ public class MainActivity extends Activity {
     private Module module;
     private volatile Completion completion; // set by load() (after the tokenizer, which complete() reads)
     private volatile boolean stopCompletion;
+    private boolean suggesting; // a suggestion run is on the worker (UI thread only)
     private ByteLevelBpe tokenizer;
     /** Set by load(): the suggestions, and the chips of the likeliest next key computed between keys. */
     private volatile Lookahead lookahead;
@@ -134,18 +135,38 @@ public class MainActivity extends Activity {
         }
     }
 
+    private String textBeforeCursor() {
+        return text.getText().subSequence(0, text.getSelectionStart()).toString();
+    }
+
     /** The chips after the text before the cursor; then, on the same worker, the chips after the likeliest next key
-     *  (a key that was guessed shows them at once; any key calls the work off, docs/keyboard.md "Lookahead"). */
+     *  (a key that was guessed shows them at once; any key calls the work off, docs/keyboard.md "Lookahead"). One
+     *  run at a time, as the page: a key during a run schedules the next, so no stale runs queue on the worker (a
+     *  completion's streamed tokens included), and chips whose text has changed since are not shown. */
     private final Runnable suggestRunnable = () -> {
         if (lookahead == null) return;
-        String before = text.getText().subSequence(0, text.getSelectionStart()).toString();
+        if (suggesting) {
+            ui.postDelayed(this.suggestRunnable, SUGGEST_DEBOUNCE_MS);
+            return;
+        }
+        suggesting = true;
+        String before = textBeforeCursor();
         int key = lookahead.keysTyped();
+        long t = System.nanoTime(); // the wait for the work ahead's call in flight counts
         worker.execute(() -> {
-            long t = System.nanoTime();
-            Lookahead.Result found = lookahead.suggest(before, 3);
+            Lookahead.Result found;
+            try {
+                found = lookahead.suggest(before, 3);
+            } catch (RuntimeException e) {
+                ui.post(() -> { suggesting = false; suggestTime.setText("suggestions failed: " + e); });
+                return;
+            }
             long ms = (System.nanoTime() - t) / 1_000_000;
-            ui.post(() -> showSuggestions(found.words, ms));
-            lookahead.ahead(before, found.nextKeys, 3, key);
+            ui.post(() -> {
+                suggesting = false;
+                if (before.equals(textBeforeCursor())) showSuggestions(found.words, ms); // else a newer run is due
+            });
+            lookahead.ahead(before, found.nextKeys, 3, key); // stops at the next key; failures are the key's to see
         });
     };
 
@@ -162,14 +183,14 @@ public class MainActivity extends Activity {
     /** Streams a completion of the text before the cursor into the box (greedy at temperature 0, as complete). */
     private void complete() {
         if (completion == null) return;
-        if (lookahead != null) lookahead.keyTyped(); // the work ahead waits: the completion runs on the same worker
         int cursor = text.getSelectionStart();
-        String before = text.getText().subSequence(0, cursor).toString();
-        int[] prompt = tokenizer.encode(before);
+        int[] prompt = tokenizer.encode(textBeforeCursor());
         if (prompt.length == 0) {
             stats.setText("type something to complete first");
             return;
         }
+        if (lookahead != null) lookahead.keyTyped(); // the work ahead waits: the completion runs on the same worker
+        setBusy(true); // the box too: the completion streams into it at `cursor`
         Completion.Settings settings = new Completion.Settings();
         settings.temperature = parseOr(((EditText) findViewById(R.id.temperature)).getText().toString(), 0f);
         settings.maxNewTokens = MAX_NEW_TOKENS;
@@ -178,7 +199,7 @@ public class MainActivity extends Activity {
         worker.execute(() -> {
             try {
                 Completion.Result r = completion.run(prompt, settings, shown -> ui.post(() -> {
-                    text.getText().replace(cursor, cursor + shownLength[0], shown);
+                    text.getText().replace(cursor, Math.min(cursor + shownLength[0], text.getText().length()), shown);
                     shownLength[0] = shown.length();
                 }), () -> stopCompletion);
                 ui.post(() -> stats.setText(r.summary()));
@@ -186,8 +207,18 @@ public class MainActivity extends Activity {
                 ui.post(() -> stats.setText("completion failed: " + e));
             } finally {
                 if (lookahead != null) lookahead.forgetCache(); // its rows overwrote the typed text's
+                ui.post(() -> setBusy(false));
             }
         });
+    }
+
+    /** While a completion or the self-test runs: Complete, Self-test, the text box and the chips wait (Stop does
+     *  not); the next suggestion run enables the chips it shows. */
+    private void setBusy(boolean busy) {
+        findViewById(R.id.complete).setEnabled(!busy);
+        findViewById(R.id.selftest).setEnabled(!busy);
+        text.setEnabled(!busy);
+        if (busy) for (Button w : words) w.setEnabled(false);
     }
 
     /** Run the web parity bundle through the program (prefill, then one decode step per token). */
@@ -195,6 +226,7 @@ public class MainActivity extends Activity {
         if (module == null) return;
         selftestResult.setText("running…");
         if (lookahead != null) lookahead.keyTyped(); // the work ahead waits: the self-test runs on the same worker
+        setBusy(true);
         worker.execute(() -> {
             try {
                 WebBundle b = WebBundle.read(Files.readAllBytes(new File(getFilesDir(), BUNDLE).toPath()));
@@ -210,6 +242,8 @@ public class MainActivity extends Activity {
                         r.positions, ms, r.passed ? "PASSED" : "FAILED: " + r.reason)));
             } catch (Exception e) {
                 ui.post(() -> selftestResult.setText("self-test could not run: " + e));
+            } finally {
+                ui.post(() -> setBusy(false));
             }
         });
     }

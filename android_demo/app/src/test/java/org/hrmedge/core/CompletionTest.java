@@ -65,6 +65,10 @@ public class CompletionTest {
         Completion.Result plain = new Completion(new ScriptedModel(9, 64, script), BYTES, 1)
                 .run(new int[] {5, 2}, greedy(1.0, 5), null, null);
         assertArrayEquals(new int[] {6, 6, 6, 6, 6}, plain.tokens);
+        // the prompt's tokens count as seen: after "b" (one token, nothing healed), "b" 2/1.2 < "a" 1.9
+        Completion.Result afterB = new Completion(new ScriptedModel(9, 64, (call, z) -> { z[4] = 2f; z[3] = 1.9f; }),
+                BYTES, 1).run(new int[] {4}, greedy(1.2, 1), null, null);
+        assertArrayEquals(new int[] {3}, afterB.tokens);
     }
 
     @Test

@@ -32,7 +32,7 @@ public class LookaheadTest {
         assertEquals(List.of("a"), guessed.nextKeys); // the first chip's first character
     }
 
-    /** The fake model; a key comes while its `at`-th call (counted from `from`) is in flight. */
+    /** The fake model; a key comes while its `at`-th call (since `calls` was last set to 0) is in flight. */
     static final class KeyAtCall implements WordSuggester.StepModel {
         final WordSuggesterTest.FakeModel model = new WordSuggesterTest.FakeModel();
         Lookahead look;
@@ -69,6 +69,33 @@ public class LookaheadTest {
         model.calls = 0;
         assertEquals(0, look.ahead("c ", List.of("a"), 3, key)); // a key came since `key`: nothing runs
         assertEquals(0, model.calls);
+    }
+
+    @Test
+    public void aFailedCallEndsTheWorkAheadQuietlyAndTheKeyComputesItsChips() {
+        WordSuggesterTest.FakeModel model = new WordSuggesterTest.FakeModel();
+        boolean[] failing = {false};
+        Lookahead look = new Lookahead(new WordSuggester.StepModel() {
+            @Override
+            public float[] forward(int[] tokens, int start) {
+                if (failing[0]) throw new IllegalStateException("the program failed");
+                return model.forward(tokens, start);
+            }
+
+            @Override
+            public int maxSeqLen() {
+                return model.maxSeqLen();
+            }
+        }, null, TestTokenizer.load());
+        int key = look.keyTyped();
+        look.suggest("c", 3);
+        failing[0] = true;
+        assertEquals(0, look.ahead("c", List.of(" "), 3, key)); // no exception reaches the worker
+        failing[0] = false;
+        look.keyTyped();
+        Lookahead.Result r = look.suggest("c ", 3);
+        assertFalse(r.ahead);
+        assertEquals(List.of("a|a|(", "bb|bb|(", "c|c| a"), labels(r.words));
     }
 
     @Test
