@@ -135,10 +135,12 @@ def perturbed_copy(export_dir: Path, dest: Path, name: str = "hrm.fp32.onnx") ->
 def default_export(tmp_path_factory):
     """The shipped default model exported once for the page, keyboard, healing, speculative and adaptive tests: every
     ONNX graph of the fp32, static int8 and MatMulNBits programs (the page's default: int8-nbits) with their .ort
-    files, and the fp32 ExecuTorch programs (`complete --runtime executorch`, the speculative program's four methods).
-    The dynamic int8 programs are left out: no test reads them here (the tiny export has them)."""
+    files, and the fp32 ExecuTorch KV and speculative programs (`complete --runtime executorch`, the speculative
+    program's four methods). The dynamic int8 programs and the full-sequence .pte are left out: no test reads them
+    here (the tiny export has them)."""
     def build(out: Path):
-        proc = run_module("hrm_edge.export", "--int8", "static,nbits", "--out", out, "--no-progress", timeout=1800)
+        proc = run_module("hrm_edge.export", "--int8", "static,nbits", "--pte-programs", "kv_cache,speculative",
+                          "--out", out, "--no-progress", timeout=1800)
         manifest = json.loads((out / "manifest.json").read_text())
         fp32_kv = next(a for a in manifest["artifacts"] if a["path"] == "hrm.fp32.kv.onnx")
         # the page needs the fp32 KV graph to pass; an int8 failure is checked below against Python's verdict
