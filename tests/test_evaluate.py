@@ -33,11 +33,19 @@ def test_bits_are_the_models_next_token_loss(built, tmp_path):  # noqa: F811
     assert projects and all(p.texts for p in projects)
     texts = [t for p in projects for t in p.texts]
     model, tok = checkpoint(tmp_path / "uniform", texts, zero_table=True)
-    for p in projects:
-        n_predicted = len(encode_documents(tok, p.texts)) - 1  # every token but the first, each once
-        for n_cycles in (None, 1):
-            bits = project_bits(model, tok, p.texts, seq_len=16, n_cycles=n_cycles)
-            assert math.isclose(bits, n_predicted * math.log2(tok.get_vocab_size()), rel_tol=1e-5)
+    # thousands of 16-token calls of a 32-wide model: one thread. With 2 it took 125-404 s in the suite beside the
+    # other worker's exports (each call's threads waiting on one the export displaced): 21 s against 6 s with one
+    # thread beside a 2-thread matmul loop, 5 s either way alone (2026-12-04, AMD EPYC Zen 3, 2 cores)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for p in projects:
+            n_predicted = len(encode_documents(tok, p.texts)) - 1  # every token but the first, each once
+            for n_cycles in (None, 1):
+                bits = project_bits(model, tok, p.texts, seq_len=16, n_cycles=n_cycles)
+                assert math.isclose(bits, n_predicted * math.log2(tok.get_vocab_size()), rel_tol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_cli_table_and_record(built, tmp_path):  # noqa: F811
