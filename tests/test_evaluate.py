@@ -34,8 +34,7 @@ def test_bits_are_the_models_next_token_loss(built, tmp_path):  # noqa: F811
     texts = [t for p in projects for t in p.texts]
     model, tok = checkpoint(tmp_path / "uniform", texts, zero_table=True)
     # thousands of 16-token calls of a 32-wide model: one thread. With 2 it took 125-404 s in the suite beside the
-    # other worker's exports (each call's threads waiting on one the export displaced): 21 s against 6 s with one
-    # thread beside a 2-thread matmul loop, 5 s either way alone (2026-12-04, AMD EPYC Zen 3, 2 cores)
+    # other worker's exports (each call's threads waiting on one the export displaced), 5 s alone (docs/measurements.md)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

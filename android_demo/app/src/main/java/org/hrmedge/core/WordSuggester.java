@@ -185,7 +185,7 @@ public final class WordSuggester {
         boolean midWord = !partial.isEmpty();
         // token healing: the last token, and earlier ones until HEAL_CHARS characters of the partial word, are
         // taken back; the chains spell their text again
-        int cut = ids.length > 1 ? healedStart(ids, partial) : ids.length;
+        int cut = healedStart(ids, partial);
         float[] logits = advance(Arrays.copyOf(ids, cut));
         String[] texts = tokenTexts(logits.length);
         String prefix = tokenizer.decode(Arrays.copyOfRange(ids, cut, ids.length));
@@ -230,17 +230,15 @@ public final class WordSuggester {
         }
         int[] ids = contextWindow(typed.encode(text), model.maxSeqLen());
         if (keys.size() >= count || cachedLogits == null || ids.length == 0) return keys;
-        int cut = ids.length > 1 ? healedStart(ids, trailingWord(text)) : ids.length;
+        int cut = healedStart(ids, trailingWord(text));
         String prefix = tokenizer.decode(Arrays.copyOfRange(ids, cut, ids.length));
         String[] texts = tokenTexts(cachedLogits.length);
-        double max = Double.NEGATIVE_INFINITY, sum = 0; // the softmax, as probability() computes it
-        for (float x : cachedLogits) max = Math.max(max, x);
-        for (float x : cachedLogits) sum += Math.exp(x - max);
+        double[] p = Sampling.softmax(cachedLogits); // the same doubles as probability() and the page's
         Map<String, Double> mass = new LinkedHashMap<>(); // next character -> summed probability of its tokens
         for (int t = 0; t < texts.length; t++) {
             if (texts[t].length() <= prefix.length() || !texts[t].startsWith(prefix)) continue;
             String ch = new String(Character.toChars(texts[t].codePointAt(prefix.length())));
-            mass.merge(ch, Math.exp(cachedLogits[t] - max) / sum, Double::sum);
+            mass.merge(ch, p[t], Double::sum);
         }
         List<Map.Entry<String, Double>> ranked = new ArrayList<>(mass.entrySet());
         ranked.sort((a, b) -> Double.compare(b.getValue(), a.getValue())); // stable: ties keep token order
@@ -386,8 +384,9 @@ public final class WordSuggester {
 
     /** Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back
      *  text holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is
-     *  one the model rarely saw); at least one id stays. */
+     *  one the model rarely saw); at least one id stays (with fewer than 2 ids nothing is taken back). */
     private int healedStart(int[] ids, String partial) {
+        if (ids.length < 2) return ids.length;
         int j = ids.length - 1, chars = Math.min(partial.length(), HEAL_CHARS);
         while (j > 1 && tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length)).length() < chars) j--;
         return j;

@@ -106,9 +106,9 @@ public class MainActivity extends Activity {
             module = Module.load(pte.getAbsolutePath());
             maxSeqLen = (int) module.execute("get_max_seq_len")[0].toInt();
             tokenizer = new ByteLevelBpe(new String(Files.readAllBytes(tok.toPath()), "UTF-8"));
-            completion = new Completion(new PteStepModel(), TokenHealing.vocabBytes(tokenizer),
-                    tokenizer.specialId("<|eos|>"));
-            lookahead = new Lookahead(new PteStepModel(), null, tokenizer);
+            PteStepModel program = new PteStepModel();
+            completion = new Completion(program, TokenHealing.vocabBytes(tokenizer), tokenizer.specialId("<|eos|>"));
+            lookahead = new Lookahead(program, null, tokenizer);
             long ms = (System.nanoTime() - t) / 1_000_000;
             ui.post(() -> { status.setText("int8 KV program loaded in " + ms + " ms"); suggestRunnable.run(); });
         } catch (Exception e) {
