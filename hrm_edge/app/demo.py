@@ -147,8 +147,8 @@ def kind(art) -> str:
 def page_default(arts: list) -> str:
     """The program the page opens with: of the KV graphs that passed the parity gate, the int8 one with 8-bit
     MatMulNBits weights (served as float MatMuls over its 8-bit bytes, shared_weights: in the browser the fastest
-    program with the fp32 one and the smallest download, docs/keyboard.md), then another int8 one, then the rest; ONNX
-    before ORT format. None passed: the first."""
+    program with the fp32 one and the smallest download, docs/keyboard-measurements.md), then another int8 one, then
+    the rest; ONNX before ORT format. None passed: the first."""
     def rank(art) -> tuple:
         weights_only = art.precision == "int8" and (art.quantization or {}).get("mode") == "nbits"
         return not weights_only, art.precision != "int8", art.format != "onnx"

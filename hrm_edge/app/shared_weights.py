@@ -9,8 +9,8 @@ exported bytes, stored outside the graph: nothing computes differently (tests/te
 One change of form comes with it: a MatMulNBits (the int8-nbits and int4-nbits programs) becomes a float MatMul over
 the weight its blocks stand for, computed from the stored bytes by constant operators that onnxruntime folds once, when
 the session starts (`float_matmuls_of_nbits_weights`). onnxruntime-web's MatMulNBits ran 3-5x slower in the browser
-than the integer graph (docs/keyboard.md); the folded MatMul runs as fast as the fp32 program's, and the page still
-downloads the 8-bit (4-bit) bytes.
+than the integer graph (docs/keyboard-measurements.md); the folded MatMul runs as fast as the fp32 program's, and the
+page still downloads the 8-bit (4-bit) bytes.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import { Lookahead, likelyKeys } from "./lookahead.mjs";
 import { TypedContext } from "./suggest.mjs";
 
 const $ = (id) => document.getElementById(id);
-// A run starts this long after the last key (docs/keyboard.md, Measurements): shorter than the gap between a
+// A run starts this long after the last key (docs/keyboard-measurements.md): shorter than the gap between a
 // phone typist's keys (~150-300 ms), so the chips follow every key with the run's time added; keys closer than
 // this (auto-repeat, a paste) share one run.
 const SUGGEST_DEBOUNCE_MS = 30;

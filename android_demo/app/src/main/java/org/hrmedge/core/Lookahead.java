@@ -23,7 +23,7 @@ import java.util.concurrent.atomic.AtomicInteger;
  * flight finishes (an ExecuTorch call cannot be interrupted), so a key waits for at most one.
  */
 public final class Lookahead {
-    /** Next keys computed ahead: 1, as the page (docs/keyboard.md "Lookahead at a typist's pace"). */
+    /** Next keys computed ahead: 1, as the page (docs/keyboard-measurements.md "Lookahead at a typist's pace"). */
     public static final int KEYS = 1;
 
     /** What a model call of work ahead throws once a key has come. */
