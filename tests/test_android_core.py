@@ -161,23 +161,10 @@ def test_java_completes_like_python(classes, tmp_path):
     model (tests/test_keyboard.py) and the shipped tokenizer, with and without the repetition penalty: the same
     tokens and text, the text streamed without a U+FFFD, the prompt cut to the context as the page cuts it, and
     healing (the first token starts with the bytes of the prompt's last one, which the text leaves out)."""
-    from hrm_edge.runtime.decoders import Decoder, Sampling, generate
+    from hrm_edge.runtime.decoders import Sampling, StepDecoder, generate
     from hrm_edge.runtime.healing import heal_prompt, token_bytes
     from hrm_edge.train.tokenizer import eos_id, load_tokenizer
     from test_keyboard import FIXTURE_MAX_SEQ_LEN, LONG, HashStepModel, TOKENIZER, printable_ids
-
-    class FixtureDecoder(Decoder):
-        def __init__(self, step):
-            self.step, self.max_seq_len = step, step.max_seq_len
-            self.reset()
-
-        def reset(self):
-            (self.k, self.v), self.pos = self.step.empty_past(), 0
-
-        def _run(self, tokens):
-            logits, self.k, self.v = self.step.run(tokens[None, :], self.k, self.v)
-            self.pos += len(tokens)
-            return logits[0]
 
     tok = load_tokenizer(TOKENIZER)
     allowed, vocab_bytes = printable_ids(tok), token_bytes(tok)
@@ -192,7 +179,7 @@ def test_java_completes_like_python(classes, tmp_path):
     for case, out in zip(cases, got, strict=True):
         ids = tok.encode(case["text"], add_special_tokens=False).ids[-(FIXTURE_MAX_SEQ_LEN - 1):]  # the page's cut
         context, heal = heal_prompt(ids, vocab_bytes)
-        decoder = FixtureDecoder(HashStepModel(allowed, tok.get_vocab_size()))
+        decoder = StepDecoder(HashStepModel(allowed, tok.get_vocab_size()))
         g = generate(decoder, context, 12, Sampling(repetition_penalty=case["penalty"]), eos_id(tok), heal=heal)
         text = b"".join(vocab_bytes[t] for t in g.tokens)[len(heal.prefix) if heal else 0:].decode(errors="replace")
         assert out["tokens"] == g.tokens and out["text"] == text, (case, out, g.tokens, text)

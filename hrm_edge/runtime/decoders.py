@@ -89,14 +89,13 @@ class OnnxBranchModel:
                                              "past_k": past_k, "past_v": past_v}))
 
 
-class OnnxDecoder(Decoder):
-    """The *.kv.onnx graph one sequence at a time: the presents of one call are the pasts of the next (the cache
-    grows by the call's tokens, up to max_seq_len)."""
+class StepDecoder(Decoder):
+    """A step model (OnnxStepModel's run / empty_past / max_seq_len) one sequence at a time: the presents of one call
+    are the pasts of the next (the cache grows by the call's tokens, up to max_seq_len)."""
 
-    def __init__(self, path: Path, threads: int = 0, profile: bool = False):
-        self.step = OnnxStepModel(path, threads, profile)
-        self.session, self.max_seq_len = self.step.session, self.step.max_seq_len
-        self.empty_cache = self.step.empty_past()[0]
+    def __init__(self, step):
+        self.step, self.max_seq_len = step, step.max_seq_len
+        self.empty_cache = step.empty_past()[0]
         self.reset()
 
     def reset(self):
@@ -107,6 +106,14 @@ class OnnxDecoder(Decoder):
         logits, self.k, self.v = self.step.run(tokens[None, :], self.k, self.v)
         self.pos += len(tokens)
         return logits[0]
+
+
+class OnnxDecoder(StepDecoder):
+    """The *.kv.onnx graph (or its .ort form) one sequence at a time."""
+
+    def __init__(self, path: Path, threads: int = 0, profile: bool = False):
+        super().__init__(OnnxStepModel(path, threads, profile))
+        self.session = self.step.session
 
 
 class PteDecoder(Decoder):

@@ -1,6 +1,5 @@
 package org.hrmedge.core;
 
-import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -89,7 +88,7 @@ public final class Lookahead {
         aheadFor = key;
         int done = 0;
         try {
-            for (String k : new ArrayList<>(next)) {
+            for (String k : next) {
                 if (keys.get() != key) break;
                 String guessed = text + k;
                 List<WordSuggester.Suggestion> words = suggester.suggest(guessed, n);

@@ -107,8 +107,7 @@ public final class CoreCli {
         StringJoiner keyCalls = new StringJoiner(",", "[", "]"), likely = new StringJoiner(",", "[", "]");
         int draftCalls = 0, modelCalls = 0;
         for (Object texts : Json.array(job.get("sequences"))) {
-            HashStepModel model = new HashStepModel((int) Json.number(job.get("vocab")), allowed,
-                    (int) Json.number(job.get("max_seq_len")));
+            HashStepModel model = fixtureModel(job, allowed);
             Object draftSeed = job.get("draft_seed"); // the draft fixture's seed, or null: no draft
             HashStepModel draft = draftSeed == null ? null : new HashStepModel(model, (int) Json.number(draftSeed));
             Session session = new Session(model, draft);
@@ -133,8 +132,7 @@ public final class CoreCli {
         StringJoiner out = new StringJoiner(",", "[", "]");
         for (Object c : Json.array(job.get("cases"))) {
             Map<String, Object> one = Json.object(c);
-            HashStepModel model = new HashStepModel((int) Json.number(job.get("vocab")), allowed,
-                    (int) Json.number(job.get("max_seq_len")));
+            HashStepModel model = fixtureModel(job, allowed);
             Completion.Settings s = new Completion.Settings();
             s.repetitionPenalty = Json.number(one.get("penalty"));
             s.maxNewTokens = (int) Json.number(job.get("max_new_tokens"));
@@ -213,6 +211,12 @@ public final class CoreCli {
                 if (draft != null) draft.onCall = null;
             }
         }
+    }
+
+    /** The job's hash fixture model (its vocab and max_seq_len), over the allowed ids. */
+    static HashStepModel fixtureModel(Map<String, Object> job, int[] allowed) {
+        return new HashStepModel((int) Json.number(job.get("vocab")), allowed,
+                (int) Json.number(job.get("max_seq_len")));
     }
 
     /** A JSON array of numbers as ints. */
