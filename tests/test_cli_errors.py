@@ -20,8 +20,12 @@ def assert_user_error(proc, *needles):
 
 
 def test_missing_corpus(tmp_path):
+    """Checked before the output folder is made: a bad input leaves nothing behind (export, train)."""
     assert_user_error(run_module("hrm_edge.export", "--preset", "tiny", "--corpus", tmp_path / "nope",
                                  "--out", tmp_path / "o"), "corpus not found")
+    assert_user_error(run_module("hrm_edge.train", "--preset", "tiny", "--corpus", tmp_path / "nope",
+                                 "--out", tmp_path / "t"), "corpus not found")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_empty_corpus(tmp_path):
@@ -55,6 +59,21 @@ def test_missing_checkpoint(tmp_path):
     (tmp_path / "half").mkdir()
     assert_user_error(run_module("hrm_edge.export", "--checkpoint", tmp_path / "half", "--out", tmp_path / "o"),
                       "missing config.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["half"]  # no output folder was made
+
+
+def test_evaluate_checks_its_checkpoints_first(tmp_path):
+    """Before minutes of held-out text or n-gram training (--keyboard trained its n-gram keyboard for 2 minutes
+    and then found the checkpoint missing), in every mode."""
+    for mode in ([], ["--keyboard"], ["--depth-curve"], ["--repetition", "1,1.2"]):
+        proc = run_module("hrm_edge.evaluate", tmp_path / "nope", *mode, "--out", tmp_path / "o")
+        assert_user_error(proc, f"checkpoint folder not found: {tmp_path / 'nope'}")
+        assert proc.stdout == "", (mode, proc.stdout[-500:])  # nothing ran before the check
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    assert_user_error(run_module("hrm_edge.evaluate", REPO / "hrm_edge" / "default_model", tmp_path / "half",
+                                 "--keyboard"), "half is missing model.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["half"]
 
 
 def test_unwritable_out(tmp_path):

@@ -133,6 +133,14 @@ def write_built_corpus(root, projects):
     (root / RECORD).write_text(json.dumps({"format": CORPUS_FORMAT, "sha256": listing_sha256(entries)}))
 
 
+def scripted_checkpoint(path) -> str:
+    """A checkpoint folder with the files `evaluate` checks for first; the tests script the model itself."""
+    path.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (path / name).write_text("{}")
+    return str(path)
+
+
 def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     """`evaluate CKPT --keyboard`: the n-gram keyboard trained on the training projects (order chosen on one of
     them), typed on the held-out project; the table and files name its order and size."""
@@ -144,6 +152,7 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     # the model's keyboard scripted (the real one: hrm_edge.runtime.suggest, tests/test_keyboard.py): always "os"
     monkeypatch.setattr(K, "model_suggester", lambda path, onnx=None, threads=1: lambda text: ["os"])
     out = tmp_path / "out"
+    scripted_checkpoint(tmp_path / "ckpt")
     assert evaluate_main([str(tmp_path / "ckpt"), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--out",
                           str(out), "--keyboard-chars", "60", "--keyboard-sample", "start"]) == 0  # its first 60
     record = json.loads((out / "keyboard.json").read_text())
@@ -165,12 +174,13 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
 
 
 def test_keyboard_user_errors(tmp_path):
+    ckpt = scripted_checkpoint(tmp_path / "ckpt")
     with pytest.raises(UserError, match="--keyboard-chars must be >= 1"):
-        evaluate_main([str(tmp_path), "--keyboard", "--keyboard-chars", "0"])
+        evaluate_main([ckpt, "--keyboard", "--keyboard-chars", "0"])
     write_built_corpus(tmp_path / "corpus", {("train", "only"): {"m.py": "x = 1\n"}, ("val", "h"): {"a.py": "y\n"}})
     with pytest.raises(UserError, match="at least 2 training projects"):
-        evaluate_main([str(tmp_path), "--corpus", str(tmp_path / "corpus"), "--keyboard"])
+        evaluate_main([ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard"])
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(UserError, match="not an n-gram keyboard file"):
-        evaluate_main([str(tmp_path), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--ngram",
+        evaluate_main([ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard", "--ngram",
                        str(tmp_path / "bad.npz")])

@@ -240,6 +240,7 @@ def test_checkpoint_whose_config_does_not_fit_its_weights(tmp_path):
     message = str(e.value)
     assert "\n" not in message and str(tmp_path / WEIGHTS) in message
     assert "tensor 'embed.weight' has shape [64, 32] in the file, [80, 32] from the config" in message, message
+    shutil.copyfile(REPO / "hrm_edge" / "default_model" / TOKENIZER, tmp_path / TOKENIZER)  # every file is there
     proc = run_module("hrm_edge.export", "--checkpoint", tmp_path, "--out", tmp_path / "out")
     assert_user_error(proc, "embed.weight", "[64, 32]", "[80, 32]", WEIGHTS)
     (tmp_path / CONFIG).write_text(json.dumps(cfg | {"gating": False}))
@@ -306,11 +307,22 @@ def test_corpus_smaller_than_one_window(tmp_path, text_corpus):
     assert_user_error(proc, "smaller than one window", "4001")
 
 
+def unreadable_checkpoint(root: Path) -> Path:
+    """A checkpoint folder whose files are all there, its weights unreadable: an export of it gets past the input and
+    output-folder checks and the lock, and then fails in one line ("cannot load model.safetensors")."""
+    ckpt = root / "ckpt"
+    ckpt.mkdir()
+    for name in (CONFIG, TOKENIZER):
+        shutil.copyfile(REPO / "hrm_edge" / "default_model" / name, ckpt / name)
+    (ckpt / WEIGHTS).write_bytes(b"not safetensors")
+    return ckpt
+
+
 def test_out_that_holds_other_files_is_refused(tmp_path):
     out = tmp_path / "photos"
     out.mkdir()
     (out / "holiday.jpg").write_bytes(b"jpeg")
-    proc = run_module("hrm_edge.export", "--checkpoint", tmp_path / "nope", "--out", out)
+    proc = run_module("hrm_edge.export", "--checkpoint", unreadable_checkpoint(tmp_path), "--out", out)
     assert_user_error(proc, f"--out {out} is not an export folder", "holiday.jpg")
     assert sorted(p.name for p in out.iterdir()) == ["holiday.jpg"]  # nothing was written into it
 
@@ -333,15 +345,15 @@ def test_a_second_export_into_a_locked_folder_is_refused(tmp_path):
     holder's pid; once released the same command gets past the lock."""
     from hrm_edge.export.pipeline import EXPORT_MARKER
 
-    out = tmp_path / "out"
+    out, checkpoint = tmp_path / "out", unreadable_checkpoint(tmp_path)
     out.mkdir()
     with folder_lock(out, EXPORT_MARKER):
         assert (out / EXPORT_MARKER).read_text() == f"pid {os.getpid()}\n"
-        proc = run_module("hrm_edge.export", "--checkpoint", tmp_path / "nope", "--out", out)
+        proc = run_module("hrm_edge.export", "--checkpoint", checkpoint, "--out", out)
         assert_user_error(proc, f"is being written by another run (pid {os.getpid()})")
     assert (out / EXPORT_MARKER).read_text() == ""
-    assert_user_error(run_module("hrm_edge.export", "--checkpoint", tmp_path / "nope", "--out", out),
-                      "checkpoint folder not found")
+    assert_user_error(run_module("hrm_edge.export", "--checkpoint", checkpoint, "--out", out),
+                      "cannot load model.safetensors")
 
 
 def test_a_stale_lock_of_a_killed_export_is_taken_over(tmp_path):
@@ -354,8 +366,8 @@ def test_a_stale_lock_of_a_killed_export_is_taken_over(tmp_path):
     (out / EXPORT_MARKER).write_text(f"pid {dead.pid}\n")
     (out / STAGING).mkdir()
     (out / STAGING / "hrm.fp32.onnx").write_bytes(b"half a graph")  # what it had written
-    proc = run_module("hrm_edge.export", "--checkpoint", tmp_path / "nope", "--out", out)
-    assert_user_error(proc, "checkpoint folder not found")  # past the lock: the real mistake is reported
+    proc = run_module("hrm_edge.export", "--checkpoint", unreadable_checkpoint(tmp_path), "--out", out)
+    assert_user_error(proc, "cannot load model.safetensors")  # past the lock: the real mistake is reported
     assert f"the run of pid {dead.pid} did not finish (killed?); taking over its stale lock" in proc.stdout
     assert not (out / STAGING).exists()
     assert (out / EXPORT_MARKER).read_text() == ""

@@ -11,8 +11,8 @@ import math
 import pytest
 
 from conftest import run_module
-from hrm_edge.measure.study import (BUDGETS, GOAL_BPB_RATIO, GOAL_DECODE_RATIO, GOAL_PARAM_RATIO, goals,
-                                    study_entries)
+from hrm_edge.measure.study import (BUDGETS, GOAL_BPB_RATIO, GOAL_DECODE_RATIO, GOAL_PARAM_RATIO, _jsonable,
+                                    first_difference, goals, study_entries)
 from test_cli_errors import assert_user_error
 
 
@@ -109,4 +109,25 @@ def test_study_resume_with_another_budget(tmp_path):
     out.mkdir()
     (out / "study_config.json").write_text(json.dumps({"budget": {"name": "full"}}))
     assert_user_error(run_module("hrm_edge.study", "--out", out, "--budget", "quick", "--resume"),
-                      "different budget")
+                      "another setup (budget.name: 'full' there, 'quick' now)")
+
+
+def test_study_names_the_setup_that_differs(tmp_path):
+    """The folder's study was made on another corpus: the error says so, not "another budget"."""
+    out = tmp_path / "study"
+    (out / "hrm").mkdir(parents=True)
+    (out / "hrm" / "train_state.json").write_text("{}")
+    (out / "study_config.json").write_text(json.dumps({"budget": _jsonable(BUDGETS["quick"]) | {"data": {
+        **_jsonable(BUDGETS["quick"])["data"], "corpus": "pypi"}}}))
+    assert_user_error(run_module("hrm_edge.study", "--out", out, "--resume"),
+                      "another setup (budget.data.corpus: 'pypi' there, '' now)")
+    assert first_difference({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}) == ("a.c", 2, 3)
+    assert first_difference({"a": 1, "z": 0}, {"a": 1}) == ("z", 0, None)
+
+
+def test_study_with_a_missing_corpus_makes_nothing(tmp_path):
+    """The corpus is checked before the study folder (and its study_config.json) is made: the same command with
+    the corpus fixed is then not refused as "another setup"."""
+    out = tmp_path / "study"
+    assert_user_error(run_module("hrm_edge.study", "--out", out, "--corpus", tmp_path / "nope"), "corpus not found")
+    assert not out.exists()

@@ -43,14 +43,14 @@ from hrm_edge.export.quantize import (NBITS_BLOCK, all_linear_int8_names, dynami
 from hrm_edge.export.workers import init_worker
 from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
                          sha256_file, staging_folder)
-from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, configs_for, copy_model_files, load_model,
-                                       load_train_state)
+from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, check_checkpoint, configs_for, copy_model_files,
+                                       load_model, load_train_state)
 from hrm_edge.model.eager import EagerDecoder
 from hrm_edge.model.lm import HRMLM, parameter_counts, unique_weight_bytes
 from hrm_edge.quiet import native_stderr_kept_back, quiet_third_party
 from hrm_edge.runtime.decoders import generate
 from hrm_edge.runtime.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact, manifest_json
-from hrm_edge.train.dataset import Corpus, encode_documents, fixed_windows, load_corpus
+from hrm_edge.train.dataset import Corpus, check_corpus, encode_documents, fixed_windows, load_corpus
 from hrm_edge.train.loop import train
 from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
 from hrm_edge.verify.parity import load_bundle, perplexity, run_gate, tolerances, write_bundle
@@ -203,6 +203,9 @@ def export_all(out: Path, options: ExportOptions | None = None, log=print) -> bo
     (a bad input, a full disk) leaves the folder's previous export as it was. Returns True when every
     artifact passed the parity gate."""
     options, out = options or ExportOptions(), Path(out)
+    check_corpus(options.corpus)  # the inputs first: a bad one makes no folder
+    if options.checkpoint is not None:
+        check_checkpoint(options.checkpoint)
     check_output_folder(out, options.checkpoint)
     with folder_lock(out, EXPORT_MARKER, log), staging_folder(out, STAGING) as staging:
         with one_line_write_errors(out):
@@ -259,9 +262,7 @@ def prepare_checkpoint(out: Path, staging: Path, options: ExportOptions, log=pri
     for leftover in out.glob(".*.tmp"):  # temp files of a run that was killed before its rename
         leftover.unlink()
     if options.checkpoint is not None:
-        checkpoint = Path(options.checkpoint)
-        if not checkpoint.is_dir():
-            raise UserError(f"checkpoint folder not found: {checkpoint}")
+        checkpoint = Path(options.checkpoint)  # its files are there (export_all checked them)
         data_cfg, quant_cfg = configs_for(checkpoint, options.corpus)
         if not options.corpus and checkpoint.resolve() == SHIPPED_CHECKPOINT:
             # The shipped model trained on the PyPI corpus, which a fresh machine has not downloaded: its parity

@@ -28,7 +28,7 @@ from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.io import atomic_write_text
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
-from hrm_edge.model.checkpoint import TOKENIZER, load_model
+from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
 from hrm_edge.runtime.decoders import Sampling, generate
 from hrm_edge.train.dataset import encode_documents, heldout_projects, xz_bits_per_byte
 from hrm_edge.train.tokenizer import load_tokenizer
@@ -165,6 +165,8 @@ def main(argv=None) -> int:
                    help="instead: how often continuations of held-out code repeat themselves at these repetition "
                         "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
     a = p.parse_args(argv)
+    for checkpoint in a.checkpoints:  # before minutes of n-gram training or held-out text
+        check_checkpoint(checkpoint)
     if a.repetition is not None:
         from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module
 

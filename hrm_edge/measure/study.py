@@ -40,6 +40,7 @@ from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_in
                                       lower_kv_pte)
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.model.checkpoint import CONFIG, STATE, TOKENIZER, WEIGHTS, load_model
+from hrm_edge.train.dataset import check_corpus
 from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
 
 DEFAULT_OUT = Path("runs/study")
@@ -166,6 +167,17 @@ def model_config(b: Budget, e: Entry) -> ModelConfig:
 
 def _jsonable(obj) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(obj)))
+
+
+def first_difference(had: dict, want: dict, where: str = "") -> tuple[str, object, object]:
+    """(dotted key, value in had, value in want) of the first key, in want's order, whose values differ."""
+    for key in [*want, *(k for k in had if k not in want)]:
+        a, b = had.get(key), want.get(key)
+        if a != b:
+            if isinstance(a, dict) and isinstance(b, dict):
+                return first_difference(a, b, f"{where}{key}.")
+            return f"{where}{key}", a, b
+    return where.rstrip("."), had, want
 
 
 def _read_json(path: Path) -> dict:
@@ -423,6 +435,7 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
     o = options or StudyOptions()
     only, resume, threads, progress = o.only, o.resume, o.threads, o.progress
     t_start = time.perf_counter()
+    check_corpus(b.data.corpus)  # before the folder and its study_config.json are made
     out = check_writable_dir(out)
     entries = study_entries(b)
     names = [e.name for e in entries]
@@ -437,8 +450,9 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
                         f"or choose another --out")
     config = {"budget": _jsonable(b)}
     if (out / STUDY_CONFIG).is_file() and _read_json(out / STUDY_CONFIG) != config:
-        raise UserError(f"{out} holds a study with a different budget "
-                        f"({_read_json(out / STUDY_CONFIG)['budget']['name']}); choose another --out")
+        key, had, want = first_difference(_read_json(out / STUDY_CONFIG), config)
+        raise UserError(f"{out} holds a study with another setup ({key}: {had!r} there, {want!r} now); "
+                        f"choose another --out")
     atomic_write_text(out / STUDY_CONFIG, json.dumps(config, indent=2) + "\n")
     if not o.train_only:  # imported now, not when first needed an hour later: a long run uses the code it started with
         import hrm_edge.export.executorch  # noqa: F401

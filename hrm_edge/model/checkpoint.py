@@ -56,6 +56,17 @@ def save_checkpoint(out: Path, model, opt, state: dict) -> None:
     atomic_write_text(out / STATE, json.dumps(state, indent=2) + "\n")
 
 
+def check_checkpoint(ckpt: Path) -> None:
+    """A user error (one line) for a checkpoint folder that is not there or lacks a file a model and its tokenizer
+    are loaded from: what a command that reads checkpoints checks before its long work."""
+    ckpt = Path(ckpt)
+    if not ckpt.is_dir():
+        raise UserError(f"checkpoint folder not found: {ckpt}")
+    for name in (CONFIG, WEIGHTS, TOKENIZER):
+        if not (ckpt / name).is_file():
+            raise UserError(f"checkpoint {ckpt} is missing {name}")
+
+
 def load_model(ckpt: Path):
     """The HRMLM of a checkpoint folder, in eval mode. A user error (one line) for a missing file, unreadable
     weights, or weights that do not fit config.json (the first mismatching tensor, both shapes, the file)."""

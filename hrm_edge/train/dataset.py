@@ -137,6 +137,13 @@ def built_corpus_root(corpus: str) -> Path | None:
     return root if root.is_dir() and is_built_corpus(root) else None
 
 
+def check_corpus(corpus: str | None) -> None:
+    """The user errors load_corpus would raise for a --corpus that is not there (an unbuilt pypi corpus, a missing
+    path), raised in a moment: before an output folder is made or a long run starts."""
+    if corpus and built_corpus_root(corpus) is None and not Path(corpus).expanduser().exists():
+        raise UserError(f"corpus not found: {corpus}")
+
+
 def read_built_corpus(root: Path) -> tuple[dict, list[tuple[str, str, str, str]]]:
     """(record, [(split, project, path, text)]) of a built corpus, checked against its record's sha256."""
     root = Path(root)

@@ -33,7 +33,8 @@ from tqdm import tqdm
 
 from hrm_edge.model.checkpoint import OPTIMIZER, STATE, TOKENIZER, load_model, load_optimizer, save_checkpoint
 from hrm_edge.config import Preset, load_preset
-from hrm_edge.train.dataset import Corpus, bytes_per_token, encode_documents, fixed_windows, load_corpus, random_batch
+from hrm_edge.train.dataset import (Corpus, bytes_per_token, check_corpus, encode_documents, fixed_windows, load_corpus,
+                                    random_batch)
 from hrm_edge.train.halting import train_halting_head
 from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_write_text, check_writable_dir
@@ -252,6 +253,7 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     rank, world = group.rank, group.world
     if rank != 0:  # one process speaks for the group
         log, progress = (lambda *_: None), False
+    check_corpus(preset.data.corpus)  # before the folder is made
     out = check_writable_dir(out)
     if tc.threads:
         torch.set_num_threads(tc.threads)
