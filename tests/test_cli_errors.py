@@ -51,6 +51,15 @@ def test_non_utf8_corpus(tmp_path):
 def test_unknown_preset(tmp_path):
     assert_user_error(run_module("hrm_edge.export", "--preset", "huge", "--out", tmp_path / "o"),
                       "unknown preset 'huge'", "tiny")
+    assert not (tmp_path / "o").exists()
+
+
+def test_depth_dial_beyond_the_models_cycles(tmp_path):
+    """--cycles is checked against the preset's or the checkpoint's H_cycles before training or making --out."""
+    for model in (["--preset", "tiny"], ["--checkpoint", REPO / "hrm_edge" / "default_model"]):
+        assert_user_error(run_module("hrm_edge.export", *model, "--cycles", "1,5", "--out", tmp_path / "o"),
+                          "--cycles: 5 is not in 1..2 (the model's outer cycles, H_cycles)")
+    assert not (tmp_path / "o").exists()
 
 
 def test_missing_checkpoint(tmp_path):
@@ -100,12 +109,21 @@ def test_repetition_penalties_out_of_range():
                       "--repetition-penalty must be in [1, 10]")
 
 
-def test_keyboard_page_form_needs_a_kv_graph(tmp_path):
-    assert_user_error(run_module("hrm_edge.evaluate", "hrm_edge/default_model", "--keyboard", "--keyboard-page-form"),
+def test_keyboard_graph_and_page_form_need_a_kv_graph(tmp_path):
+    """Refused before the n-gram keyboard trains (minutes): a graph that is not a KV graph's, the page's form of
+    anything but an ONNX KV graph."""
+    evaluate = ("hrm_edge.evaluate", "hrm_edge/default_model", "--keyboard")
+    assert_user_error(run_module(*evaluate, "--keyboard-page-form"),
                       "--keyboard-page-form needs --keyboard-graph with an ONNX KV graph")
-    (tmp_path / "m.onnx").write_bytes(b"x")
-    assert_user_error(run_module("hrm_edge.evaluate", "hrm_edge/default_model", "--keyboard", "--keyboard-page-form",
-                                 "--keyboard-graph", tmp_path / "m.onnx"), "needs --keyboard-graph with an ONNX KV")
+    for name in ("hrm.fp32.onnx", "manifest.json"):  # a full-sequence graph, another file of the export
+        (tmp_path / name).write_bytes(b"x")
+        proc = run_module(*evaluate, "--keyboard-graph", tmp_path / name)
+        assert_user_error(proc, "--keyboard-graph takes one checkpoint and an existing KV graph",
+                          "(*.kv.onnx or *.kv.ort)")
+        assert proc.stdout == "", proc.stdout[-500:]
+    (tmp_path / "m.kv.ort").write_bytes(b"x")
+    assert_user_error(run_module(*evaluate, "--keyboard-page-form", "--keyboard-graph", tmp_path / "m.kv.ort"),
+                      "needs --keyboard-graph with an ONNX KV graph (*.kv.onnx)")
 
 
 def test_parity_on_a_non_export_folder(tmp_path):

@@ -203,9 +203,7 @@ def export_all(out: Path, options: ExportOptions | None = None, log=print) -> bo
     (a bad input, a full disk) leaves the folder's previous export as it was. Returns True when every
     artifact passed the parity gate."""
     options, out = options or ExportOptions(), Path(out)
-    check_corpus(options.corpus)  # the inputs first: a bad one makes no folder
-    if options.checkpoint is not None:
-        check_checkpoint(options.checkpoint)
+    check_inputs(options)
     check_output_folder(out, options.checkpoint)
     with folder_lock(out, EXPORT_MARKER, log), staging_folder(out, STAGING) as staging:
         with one_line_write_errors(out):
@@ -213,6 +211,19 @@ def export_all(out: Path, options: ExportOptions | None = None, log=print) -> bo
             publish(staging, out, last=(REPORT, MANIFEST))
     log(f"[export] published into {out}")
     return ok
+
+
+def check_inputs(options: ExportOptions) -> None:
+    """What an export reads, checked before its folder is made (a bad input leaves nothing behind) and before a
+    preset trains: the corpus, the checkpoint's files, the preset, and the depth dial against the model's cycles."""
+    check_corpus(options.corpus)
+    if options.checkpoint is not None:
+        check_checkpoint(options.checkpoint)
+        check_cycles(options.cycles, ModelConfig.load(Path(options.checkpoint) / CONFIG))
+    else:
+        preset = load_preset(options.preset or "default")
+        parse_linear_names(preset.quant.static_fp32_linears)  # a typo fails now, not after training
+        check_cycles(options.cycles, preset.model)
 
 
 def check_output_folder(out: Path, checkpoint: Path | None) -> None:
@@ -273,7 +284,6 @@ def prepare_checkpoint(out: Path, staging: Path, options: ExportOptions, log=pri
     else:
         checkpoint, data_cfg, quant_cfg, seq_len = _train_preset(out, options, log)
     model = load_model(checkpoint)
-    check_cycles(options.cycles, model.cfg)
     tok = load_tokenizer(checkpoint / TOKENIZER)
     if tok.get_vocab_size() != model.cfg.vocab_size:
         raise UserError(f"checkpoint {checkpoint}: tokenizer has {tok.get_vocab_size()} tokens, model {model.cfg.vocab_size}")
@@ -286,9 +296,7 @@ def prepare_checkpoint(out: Path, staging: Path, options: ExportOptions, log=pri
 def _train_preset(out: Path, options: ExportOptions, log) -> tuple:
     """Train the preset into out/checkpoint. Returns (checkpoint, data config, quant config, seq_len)."""
     preset = load_preset(options.preset or "default")
-    preset.override(options.corpus, options.steps)
-    parse_linear_names(preset.quant.static_fp32_linears)  # a typo fails now, not after training
-    check_cycles(options.cycles, preset.model)
+    preset.override(options.corpus, options.steps)  # (its names and --cycles: check_inputs)
     checkpoint = out / "checkpoint"
     t = _stage(f"training preset {preset.name!r} into {checkpoint}", log)
     train(preset, checkpoint, progress=options.progress, log=log)

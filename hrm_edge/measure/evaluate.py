@@ -209,8 +209,9 @@ def keyboard(a: argparse.Namespace, names: list[str]) -> int:
     """--keyboard: the suggestion bar on held-out projects against the n-gram keyboard (hrm_edge.measure.keyboard)."""
     if a.keyboard_chars < 1:
         raise UserError("--keyboard-chars must be >= 1")
-    if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()):
-        raise UserError("--keyboard-graph takes one checkpoint and an existing .onnx KV graph")
+    if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()
+                             or not a.keyboard_graph.name.endswith((".kv.onnx", ".kv.ort"))):
+        raise UserError("--keyboard-graph takes one checkpoint and an existing KV graph (*.kv.onnx or *.kv.ort)")
     if a.keyboard_page_form and not (a.keyboard_graph and a.keyboard_graph.name.endswith(".kv.onnx")):
         raise UserError("--keyboard-page-form needs --keyboard-graph with an ONNX KV graph (*.kv.onnx)")
     sample = spread_texts if a.keyboard_sample == "spread" else cut_texts
