@@ -54,6 +54,24 @@ def test_unknown_preset(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_export_numbers_and_calibration_corpus_are_checked_first(tmp_path):
+    """Before the folder is made or anything is trained or exported (each of these ran on before)."""
+    shipped = ("--checkpoint", REPO / "hrm_edge" / "default_model")
+    for args, needle in [((*shipped, "--calib-samples", "0"), "--calib-samples must be >= 1"),
+                         ((*shipped, "--calib-samples", "-1"), "--calib-samples must be >= 1"),
+                         ((*shipped, "--calib-corpus", tmp_path / "nope"), "corpus not found"),
+                         (("--preset", "tiny", "--steps", "0"), "--steps must be >= 1")]:
+        assert_user_error(run_module("hrm_edge.export", *args, "--out", tmp_path / "o"), needle)
+    assert not (tmp_path / "o").exists()
+
+
+def test_evaluate_modes_are_one_at_a_time():
+    """--depth-curve, --keyboard and --repetition are each an evaluation "instead": two of them are refused (the
+    repetition run used to ignore --keyboard)."""
+    proc = run_module("hrm_edge.evaluate", "hrm_edge/default_model", "--repetition", "1.1", "--keyboard")
+    assert proc.returncode == 2 and "argument --keyboard: not allowed with argument --repetition" in proc.stderr
+
+
 def test_depth_dial_beyond_the_models_cycles(tmp_path):
     """--cycles is checked against the preset's or the checkpoint's H_cycles before training or making --out."""
     for model in (["--preset", "tiny"], ["--checkpoint", REPO / "hrm_edge" / "default_model"]):

@@ -215,13 +215,15 @@ def export_all(out: Path, options: ExportOptions | None = None, log=print) -> bo
 
 def check_inputs(options: ExportOptions) -> None:
     """What an export reads, checked before its folder is made (a bad input leaves nothing behind) and before a
-    preset trains: the corpus, the checkpoint's files, the preset, and the depth dial against the model's cycles."""
+    preset trains: the corpora, the checkpoint's files, the preset, and the depth dial against the model's cycles."""
     check_corpus(options.corpus)
+    check_corpus(options.calib_corpus)
     if options.checkpoint is not None:
         check_checkpoint(options.checkpoint)
         check_cycles(options.cycles, ModelConfig.load(Path(options.checkpoint) / CONFIG))
     else:
         preset = load_preset(options.preset or "default")
+        preset.override(options.corpus, options.steps)  # --steps >= 1
         parse_linear_names(preset.quant.static_fp32_linears)  # a typo fails now, not after training
         check_cycles(options.cycles, preset.model)
 
@@ -790,8 +792,8 @@ def main(argv=None) -> int:
         raise UserError(f"--formats: unknown format(s) {', '.join(bad) or '(none given)'}; choose from onnx, pte")
     int8 = parse_int8_modes(a.int8) if a.int8 is not None else None
     pte_programs = parse_pte_programs(a.pte_programs, int8)
-    if a.parity_samples < 1:
-        raise UserError("--parity-samples must be >= 1")
+    if a.parity_samples < 1 or (a.calib_samples is not None and a.calib_samples < 1):
+        raise UserError("--parity-samples and --calib-samples must be >= 1")
     try:
         cycles = tuple(int(k) for k in a.cycles.split(",") if k.strip()) if a.cycles else ()
     except ValueError:

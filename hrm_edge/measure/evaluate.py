@@ -140,10 +140,11 @@ def main(argv=None) -> int:
     p.add_argument("--samples", type=int, default=0, help="also print completions of this many held-out files")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     p.add_argument("--out", type=Path, help="write evaluation.json and evaluation.md into this folder")
-    p.add_argument("--depth-curve", action="store_true",
+    mode = p.add_mutually_exclusive_group()  # each "instead:" is its own evaluation
+    mode.add_argument("--depth-curve", action="store_true",
                    help="instead: adaptive depth's trade-off (exit rate, bpb, eager decode speed per halting rule and "
                         "threshold) of the first checkpoint; --out gets depth_curve.json/.md (hrm_edge.measure.adaptive)")
-    p.add_argument("--keyboard", action="store_true", help="instead: the 3-word keyboard evaluation of the "
+    mode.add_argument("--keyboard", action="store_true", help="instead: the 3-word keyboard evaluation of the "
                    "checkpoints next to a word n-gram keyboard (docs/keyboard-evaluation.md); writes keyboard.json, "
                    "keyboard.md and the n-gram's file into --out")
     p.add_argument("--keyboard-chars", type=int, default=KEYBOARD_CHARS,
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--keyboard-page-form", action="store_true", help="--keyboard-graph: run the graphs as the demo "
                    "serves them to the page (8-bit MatMulNBits as float MatMuls over the same 8-bit weights, which is "
                    "what the page computes; hrm_edge/app/shared_weights.py)")
-    p.add_argument("--repetition", metavar="PENALTIES",
+    mode.add_argument("--repetition", metavar="PENALTIES",
                    help="instead: how often continuations of held-out code repeat themselves at these repetition "
                         "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
     a = p.parse_args(argv)
