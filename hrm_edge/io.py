@@ -76,6 +76,16 @@ def check_writable_dir(path: Path) -> Path:
     return path
 
 
+def check_writable_file(path: Path) -> Path:
+    """`path` can be written as a file: not a folder, its folder made if needed and writable; checked before the
+    work whose result goes there."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{path} is a folder, not a file to write")
+    check_writable_dir(path.parent)
+    return path
+
+
 # ---- a folder written as a whole ----
 def write_failure(e: BaseException) -> OSError | None:
     """The failed write (disk full, file-size limit, quota, read-only) behind `e`, or None: an OSError with one of

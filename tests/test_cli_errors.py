@@ -65,6 +65,26 @@ def test_export_numbers_and_calibration_corpus_are_checked_first(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_thread_counts_seeds_and_output_paths_are_checked_first(tmp_path):
+    """Out of range: one line before any work (a negative count was torch's traceback, 100000 threads crashed the
+    tokenizer's pool); an output path that cannot be written: before the evaluation or the timing, not after."""
+    (tmp_path / "a_file").write_text("x")
+    shipped, tiny = REPO / "hrm_edge" / "default_model", ("--preset", "tiny")
+    for module, args, needle in [
+            ("hrm_edge.train", (*tiny, "--out", tmp_path / "t", "--threads", "-1"), "--threads must be in"),
+            ("hrm_edge.train", (*tiny, "--out", tmp_path / "t", "--seed", "-1"), "--seed in 0..4294967295"),
+            ("hrm_edge.train", (*tiny, "--speed-test", "--out", tmp_path / "a_file" / "o"), "not writable"),
+            ("hrm_edge.study", ("--out", tmp_path / "s", "--threads", "100000"), "--threads must be in 0..256"),
+            ("hrm_edge.evaluate", (shipped, "--threads", "-1"), "--threads must be in 0..256"),
+            ("hrm_edge.evaluate", (shipped, "--out", tmp_path / "a_file"), "not writable"),
+            ("hrm_edge.evaluate", (shipped, "--keyboard", "--ngram", tmp_path / "a_file" / "n.npz"), "not writable"),
+            ("hrm_edge.demo", (tmp_path, "--host", ""), "--host is empty")]:
+        proc = run_module(module, *args)
+        assert_user_error(proc, needle)
+        assert "held-out projects" not in proc.stdout and "training speed" not in proc.stdout, (module, args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
 def test_evaluate_modes_are_one_at_a_time():
     """--depth-curve, --keyboard and --repetition are each an evaluation "instead": two of them are refused (the
     repetition run used to ignore --keyboard)."""

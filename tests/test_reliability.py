@@ -191,6 +191,17 @@ def test_bench_refuses_a_modified_file_before_running_anything(export_dir):
     assert_user_error(run_module("hrm_edge.bench", export_dir, "--no-baseline"), WEIGHTS, "does not match the sha256")
 
 
+def test_bench_checks_where_it_writes_before_running_anything(export_dir, tmp_path):
+    """--json goes where the results are written after minutes of timing: a folder, or a path below a file, is
+    refused at once (it was a traceback after the benchmark)."""
+    (tmp_path / "a_file").write_text("x")
+    for path, needle in [(tmp_path, "is a folder, not a file to write"),
+                         (tmp_path / "a_file" / "b.json", "not writable")]:
+        proc = run_module("hrm_edge.bench", export_dir, "--no-baseline", "--json", path)
+        assert_user_error(proc, needle)
+        assert "decode benchmark" not in proc.stdout
+
+
 def test_parity_reports_modified_weights_by_name(export_dir):
     flip_byte(export_dir / WEIGHTS, 0.9)
     proc = run_module("hrm_edge.parity", export_dir, "--formats", "onnx")

@@ -5,11 +5,13 @@ learned something, the sizes are what the study claims, the files and the table 
 int8 programs decode; the goals' verdicts are checked against the numbers they come from. Which model wins
 is the full run's business (docs/measurements.md), not CI's.
 """
+import copy
 import json
 import math
 
 import pytest
 
+import hrm_edge.measure.study as study_module
 from conftest import run_module
 from hrm_edge.measure.study import (BUDGETS, GOAL_BPB_RATIO, GOAL_DECODE_RATIO, GOAL_PARAM_RATIO, _jsonable,
                                     first_difference, goals, study_entries)
@@ -106,7 +108,8 @@ def test_study_unknown_model(tmp_path):
 
 def test_study_resume_with_another_budget(tmp_path):
     out = tmp_path / "study"
-    out.mkdir()
+    (out / "hrm").mkdir(parents=True)
+    (out / "hrm" / "train_state.json").write_text("{}")  # a model has started
     (out / "study_config.json").write_text(json.dumps({"budget": {"name": "full"}}))
     assert_user_error(run_module("hrm_edge.study", "--out", out, "--budget", "quick", "--resume"),
                       "another setup (budget.name: 'full' there, 'quick' now)")
@@ -125,9 +128,26 @@ def test_study_names_the_setup_that_differs(tmp_path):
     assert first_difference({"a": 1, "z": 0}, {"a": 1}) == ("z", 0, None)
 
 
-def test_study_with_a_missing_corpus_makes_nothing(tmp_path):
-    """The corpus is checked before the study folder (and its study_config.json) is made: the same command with
-    the corpus fixed is then not refused as "another setup"."""
+def test_study_with_a_missing_corpus_makes_nothing(tmp_path, monkeypatch):
+    """The corpus is checked before the study folder (and its study_config.json) is made; a corpus found empty
+    only when read leaves a config but no model, and the same command with the corpus fixed replaces it."""
     out = tmp_path / "study"
     assert_user_error(run_module("hrm_edge.study", "--out", out, "--corpus", tmp_path / "nope"), "corpus not found")
     assert not out.exists()
+    (tmp_path / "blank").mkdir()
+    (tmp_path / "blank" / "a.py").write_text("\n")
+    assert_user_error(run_module("hrm_edge.study", "--out", out, "--corpus", tmp_path / "blank"), "empty")
+    assert json.loads((out / "study_config.json").read_text())["budget"]["data"]["corpus"] == str(tmp_path / "blank")
+    # the fixed command (the budget's own corpus) takes the folder: its config replaces the stopped run's, and the
+    # first model would train (here a scripted stop instead)
+    class Trains(Exception):
+        pass
+
+    def train_entry(*args):
+        raise Trains
+
+    monkeypatch.setattr(study_module, "train_entry", train_entry)
+    with pytest.raises(Trains):
+        study_module.run_study(copy.deepcopy(BUDGETS["quick"]), out, study_module.StudyOptions(progress=False),
+                               log=lambda *_: None)
+    assert json.loads((out / "study_config.json").read_text())["budget"]["data"]["corpus"] == ""

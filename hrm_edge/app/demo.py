@@ -335,6 +335,8 @@ def main(argv=None) -> int:
                         "was due (default 0: each key as soon as the last one's chips are there, no lookahead)")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
+    if not a.host.strip():  # the socket would take "" as every interface: say so instead
+        raise UserError("--host is empty: give 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
     if not 0 <= a.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {a.port}")
     if a.keyboard_chars < 2:

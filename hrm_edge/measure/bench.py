@@ -34,7 +34,7 @@ import numpy as np
 from hrm_edge.config import ModelConfig
 from hrm_edge.errors import UserError
 from hrm_edge.export.names import artifact_name
-from hrm_edge.io import atomic_write_text
+from hrm_edge.io import atomic_write_text, check_writable_file
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
                                       lower_kv_pte, run_child, text_prompts)
 from hrm_edge.quiet import quiet_third_party
@@ -480,10 +480,11 @@ def main(argv=None) -> int:
     p.add_argument("--verbose", action="store_true", help="show the runtimes' and the export stack's own log lines "
                    "and warnings (the benchmark processes' stderr too)")
     a = p.parse_args(argv)
-    if a.threads < 1 or a.repeats < 1 or a.rounds < 1 or a.lookup_len < 0:
-        raise UserError("--threads, --repeats and --rounds must be >= 1, --lookup-len >= 0")
+    if not 1 <= a.threads <= 256 or a.repeats < 1 or a.rounds < 1 or a.lookup_len < 0:
+        raise UserError("--threads must be in 1..256, --repeats and --rounds >= 1, --lookup-len >= 0")
     quiet_third_party(a.verbose)
     manifest = read_manifest(a.dir)
+    json_path = check_writable_file(a.json or a.dir / "bench.json")  # before minutes of benchmarking
     verify_files(a.dir, manifest, no_verify=a.no_verify)  # every file it loads; its children trust this check
     context = manifest["model"]["max_seq_len"]
     prompt_len = a.prompt_len or min(128, context // 2)
@@ -505,8 +506,7 @@ def main(argv=None) -> int:
     if result["depth_dial"]:
         table += "\n" + render_depth_table(result["depth_dial"], result)
     print(table)
-    path = a.json or a.dir / "bench.json"
-    atomic_write_text(path, json.dumps(result, indent=2) + "\n")
-    atomic_write_text(path.with_suffix(".md"), table)
+    atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
+    atomic_write_text(json_path.with_suffix(".md"), table)
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0

@@ -26,7 +26,7 @@ import numpy as np
 
 from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_write_text
+from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
 from hrm_edge.runtime.decoders import Sampling, generate
@@ -166,8 +166,14 @@ def main(argv=None) -> int:
                    help="instead: how often continuations of held-out code repeat themselves at these repetition "
                         "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
     a = p.parse_args(argv)
+    if not 0 <= a.threads <= 256:
+        raise UserError("--threads must be in 0..256")
     for checkpoint in a.checkpoints:  # before minutes of n-gram training or held-out text
         check_checkpoint(checkpoint)
+    if a.out:
+        check_writable_dir(a.out)  # before the evaluation, whose files go there
+    if a.ngram and not a.ngram.exists():  # trained and saved there
+        check_writable_file(a.ngram)
     if a.repetition is not None:
         from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module
 
@@ -198,7 +204,6 @@ def main(argv=None) -> int:
                  f"sampled (temperature 0.8, top-k 40):\n```python\n{s['sampled']}\n```\n"
     print(table)
     if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
         record = {"corpus": a.corpus, "max_bytes": a.max_bytes, "seq_len": a.seq_len,
                   "checkpoints": [str(c) for c in a.checkpoints], "rows": rows, "samples": samples}
         atomic_write_text(a.out / "evaluation.json", json.dumps(record, indent=2) + "\n")

@@ -35,7 +35,7 @@ import numpy as np
 
 from hrm_edge.config import ModelConfig
 from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_write_text, check_writable_dir
+from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file
 from hrm_edge.measure.harness import DecodeTiming, cpu_info, decode_in_child, describe_cpu
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.decoders import Decoder, PteDecoder, ort_session
@@ -342,8 +342,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="also write the timings, the shape and the CPU to this JSON file")
     p.add_argument("--verbose", action="store_true", help="show the build tools' and runtimes' own log lines")
     a = p.parse_args(argv)
-    if a.threads < 1 or a.repeats < 1:
-        raise UserError("--threads and --repeats must be >= 1")
+    if not 1 <= a.threads <= 256 or a.repeats < 1:
+        raise UserError("--threads must be in 1..256, --repeats >= 1")
+    if a.json:
+        check_writable_file(a.json)  # before minutes of building
     quiet_third_party(a.verbose)
     if a.dir is None:
         raise UserError("give the export folder whose shape the peers take (see --help)")

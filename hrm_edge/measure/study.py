@@ -449,7 +449,9 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
         raise UserError(f"{out} already holds a study ({', '.join(started)}); pass --resume to continue it, "
                         f"or choose another --out")
     config = {"budget": _jsonable(b)}
-    if (out / STUDY_CONFIG).is_file() and _read_json(out / STUDY_CONFIG) != config:
+    # the setup of a study that has started a model is kept; a run that stopped before (a corpus that turned out
+    # empty) leaves nothing to keep, and its config is replaced
+    if started and (out / STUDY_CONFIG).is_file() and _read_json(out / STUDY_CONFIG) != config:
         key, had, want = first_difference(_read_json(out / STUDY_CONFIG), config)
         raise UserError(f"{out} holds a study with another setup ({key}: {had!r} there, {want!r} now); "
                         f"choose another --out")
@@ -525,8 +527,8 @@ def main(argv=None) -> int:
     p.add_argument("--verbose", action="store_true", help="show the export stack's and runtimes' own log lines")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
-    if a.threads < 0 or a.decode_threads < 1:
-        raise UserError("--threads must be >= 0 and --decode-threads >= 1")
+    if not 0 <= a.threads <= 256 or not 1 <= a.decode_threads <= 256:
+        raise UserError("--threads must be in 0..256 and --decode-threads in 1..256")
     only = [n.strip() for n in a.only.split(",") if n.strip()] if a.only else None
     if a.only is not None and not only:
         raise UserError("--only: give at least one model name")

@@ -406,6 +406,8 @@ def main(argv=None) -> int:
                         "model (training split of --corpus, default the checkpoint's own corpus) and write "
                         "CHECKPOINT/halting.safetensors (hrm_edge.train.halting)")
     a = p.parse_args(argv)
+    if (a.threads is not None and not 0 <= a.threads <= 256) or (a.seed is not None and not 0 <= a.seed < 2**32):
+        raise UserError("--threads must be in 0..256 and --seed in 0..4294967295")
     if a.halting_head:
         if a.threads:
             torch.set_num_threads(a.threads)
@@ -418,6 +420,8 @@ def main(argv=None) -> int:
     if a.threads is not None:
         preset.train.threads = a.threads
     if a.speed_test:
+        if a.out:
+            check_writable_dir(a.out)  # before the timing, not after
         if preset.train.threads:
             torch.set_num_threads(preset.train.threads)
         print(f"training speed, preset {preset.name}, batch {preset.train.batch_size} x {preset.train.seq_len} tokens, "
@@ -430,7 +434,6 @@ def main(argv=None) -> int:
             for r in rows]
         print("\n".join(table))
         if a.out:
-            check_writable_dir(a.out)
             atomic_write_text(a.out / "train_speed.json", json.dumps(
                 {"preset": preset.name, "threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
         return 0
