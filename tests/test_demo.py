@@ -84,6 +84,14 @@ def test_spread_sample_of_a_given_text_is_one_line(tmp_path):
                                  text, "--keyboard-sample", "spread"), "--keyboard-sample spread samples the held-out")
 
 
+def test_a_keyboard_text_that_is_not_utf8_or_too_short_is_one_line(tmp_path):
+    (tmp_path / "latin1.py").write_bytes("caf\xe9 = 1\n".encode("latin-1"))
+    (tmp_path / "empty.py").write_text("")
+    for name, needle in [("latin1.py", "is not UTF-8 text"), ("empty.py", "holds fewer than 2 characters")]:
+        assert_user_error(run_module("hrm_edge.demo", fake_export(tmp_path / "e"), "--keyboard-bench",
+                                     "--keyboard-text", tmp_path / name, "--keyboard-sample", "start"), needle)
+
+
 def test_sha256_mismatch_names_the_file(tmp_path):
     root = fake_export(tmp_path / "e")
     (root / "m.kv.onnx").write_bytes(b"changed bytes!!")

@@ -184,3 +184,8 @@ def test_keyboard_user_errors(tmp_path):
     with pytest.raises(UserError, match="not an n-gram keyboard file"):
         evaluate_main([ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard", "--ngram",
                        str(tmp_path / "bad.npz")])
+    np.savez(tmp_path / "cut.npz", counts=np.arange(1000))
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "cut.npz").read_bytes()[:-100])  # a truncated file: BadZipFile
+    with pytest.raises(UserError, match="not an n-gram keyboard file"):
+        evaluate_main([ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard", "--ngram",
+                       str(tmp_path / "cut.npz")])

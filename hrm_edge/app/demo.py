@@ -381,7 +381,13 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     if a.keyboard_text is not None and a.keyboard_sample == "spread":
         raise UserError("--keyboard-sample spread samples the held-out projects: leave it out with --keyboard-text")
     if a.keyboard_text is not None:
-        texts = [a.keyboard_text.read_text(encoding="utf-8")[: a.keyboard_chars]]
+        try:
+            texts = [a.keyboard_text.read_text(encoding="utf-8")[: a.keyboard_chars]]
+        except UnicodeDecodeError as e:
+            raise UserError(f"--keyboard-text {a.keyboard_text} is not UTF-8 text ({e.reason} at byte "
+                            f"{e.start})") from None
+        if len(texts[0]) < 2:
+            raise UserError(f"--keyboard-text {a.keyboard_text} holds fewer than 2 characters to type")
     else:
         texts = heldout_pieces(a.keyboard_chars) if a.keyboard_sample == "spread" else [heldout_text(a.keyboard_chars)]
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -508,5 +508,5 @@ def main(argv=None) -> int:
     print(table)
     atomic_write_text(json_path, json.dumps(result, indent=2) + "\n")
     atomic_write_text(json_path.with_suffix(".md"), table)
-    print(f"wrote {path} and {path.with_suffix('.md')}")
+    print(f"wrote {json_path} and {json_path.with_suffix('.md')}")
     return 0

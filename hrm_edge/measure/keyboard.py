@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -244,7 +245,7 @@ def load_or_train(path: Path | None, corpus: str, progress: bool = True) -> tupl
     if path is not None and path.exists():
         try:
             return NgramKeyboard.load(path), path.stat().st_size
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # a truncated .npz: BadZipFile
             raise UserError(f"{path}: not an n-gram keyboard file ({e})") from None
     model = train_ngram_keyboard(corpus, progress=progress)
     return model, model.save(path) if path is not None else len(model.to_bytes())
