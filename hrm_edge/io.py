@@ -3,6 +3,7 @@ written the same way: into a staging folder beside its files, under a lock, and 
 export that fails part-way leaves the folder's earlier contents as they were)."""
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import hashlib
@@ -61,6 +62,14 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def path_arg(text: str) -> Path:
+    """argparse type of every path flag: an empty path (an unset shell variable: `--out "$OUT"`) is refused instead
+    of meaning the working folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset shell variable?)")
+    return Path(text)
 
 
 def check_writable_dir(path: Path) -> Path:

@@ -85,6 +85,18 @@ def test_thread_counts_seeds_and_output_paths_are_checked_first(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
+@pytest.mark.parametrize("module, args", [
+    ("hrm_edge.train", ["--preset", "tiny", "--out"]), ("hrm_edge.export", ["--out"]),
+    ("hrm_edge.evaluate", ["hrm_edge/default_model", "--out"]), ("hrm_edge.study", ["--out"]),
+    ("hrm_edge.peers", ["--out"]), ("hrm_edge.complete", ["--artifacts"]),
+    ("hrm_edge.bench", ["export/out", "--json"])])
+def test_an_empty_path_is_not_the_working_folder(module, args, tmp_path):
+    """`--out "$OUT"` with OUT unset: refused, not a checkpoint or a table written into the working folder."""
+    proc = run_module(module, *args, "", cwd=tmp_path)
+    assert proc.returncode == 2 and f"argument {args[-1]}: an empty path" in proc.stderr, proc.stderr[-800:]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_evaluate_modes_are_one_at_a_time():
     """--depth-curve, --keyboard and --repetition are each an evaluation "instead": two of them are refused (the
     repetition run used to ignore --keyboard)."""

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hrm_edge.io import path_arg
 from hrm_edge.errors import UserError, first_line, run_cli
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
@@ -178,7 +179,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hrm_edge.complete", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt", nargs="?", help="the text to complete (default: read from stdin)")
-    p.add_argument("--artifacts", type=Path, default=Path("export/out"), help="export folder (default export/out)")
+    p.add_argument("--artifacts", type=path_arg, default=Path("export/out"), help="export folder (default export/out)")
     p.add_argument("--runtime", choices=RUNTIMES, default="executorch", help="which runtime runs the model")
     p.add_argument("--precision", choices=("fp32", "int8", "int4"), default="fp32",
                    help="which exported program (default fp32; int8 with onnx: the weight-only MatMulNBits graph "

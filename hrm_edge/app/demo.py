@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_pieces, heldout_text
 from hrm_edge.app.shared_weights import EXTERNAL_MIN_BYTES, share_weights, weights_name
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import sha256_file
+from hrm_edge.io import sha256_file, path_arg
 from hrm_edge.measure.harness import cpu_info, describe_cpu
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.manifest import contained_path, manifest_json, read_manifest, verify_files
@@ -299,7 +299,7 @@ def addresses_to_open(host: str, port: int) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hrm_edge.demo", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", type=Path, help="export folder (holds manifest.json and a *.kv.onnx program)")
+    p.add_argument("dir", type=path_arg, help="export folder (holds manifest.json and a *.kv.onnx program)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: reachable from a "
                         "phone on the same network)")
@@ -319,7 +319,7 @@ def main(argv=None) -> int:
                    help="--keyboard-bench's held-out code: start (default): the start of the first validation file "
                         "that long; spread: pieces from the middles of equal stretches of each held-out project's "
                         "files, each typed from an empty context, as python -m hrm_edge.evaluate --keyboard types them")
-    p.add_argument("--keyboard-text", type=Path, help="a text file for --keyboard-bench instead of held-out code")
+    p.add_argument("--keyboard-text", type=path_arg, help="a text file for --keyboard-bench instead of held-out code")
     p.add_argument("--keyboard-model", metavar="ID",
                    help="--keyboard-bench: the page's program to type with, an artifact id such as "
                         "hrm.int8-nbits.kv.onnx (default: the page's default program)")

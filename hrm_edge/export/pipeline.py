@@ -42,7 +42,7 @@ from hrm_edge.export.quantize import (NBITS_BLOCK, all_linear_int8_names, dynami
                                       static_onnx_quantization, static_plan)
 from hrm_edge.export.workers import init_worker
 from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
-                         sha256_file, staging_folder)
+                         sha256_file, staging_folder, path_arg)
 from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, check_checkpoint, configs_for, copy_model_files,
                                        load_model, load_train_state)
 from hrm_edge.model.eager import EagerDecoder
@@ -753,9 +753,10 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", help="train this preset (name in hrm_edge/train/presets/ or a .toml path), then export")
-    src.add_argument("--checkpoint", type=Path, help="export this checkpoint folder (config.json, model.safetensors, "
-                                                     "tokenizer.json) instead of training")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
+    src.add_argument("--checkpoint", type=path_arg,
+                     help="export this checkpoint folder (config.json, model.safetensors, tokenizer.json) instead of "
+                          "training")
+    p.add_argument("--out", type=path_arg, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
     p.add_argument("--corpus", help="text file or folder of UTF-8 text, or pypi; also the source of the held-out "
                                     "parity windows (default: the checkpoint's or preset's corpus; for the shipped "
                                     "model, the Python standard library, which it never trained on)")

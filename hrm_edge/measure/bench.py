@@ -34,7 +34,7 @@ import numpy as np
 from hrm_edge.config import ModelConfig
 from hrm_edge.errors import UserError
 from hrm_edge.export.names import artifact_name
-from hrm_edge.io import atomic_write_text, check_writable_file
+from hrm_edge.io import atomic_write_text, check_writable_file, path_arg
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
                                       lower_kv_pte, run_child, text_prompts)
 from hrm_edge.quiet import quiet_third_party
@@ -450,7 +450,7 @@ def render_table(result: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hrm_edge.bench", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", type=Path, help="export folder (holds manifest.json)")
+    p.add_argument("dir", type=path_arg, help="export folder (holds manifest.json)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads for every runtime (default 1)")
     p.add_argument("--seq-len", type=int, help="tokens per forward (default min(128, max_seq_len))")
     p.add_argument("--repeats", type=int, default=10, help="timed runs per artifact after one warm-up (default 10)")
@@ -474,7 +474,7 @@ def main(argv=None) -> int:
                    help="self-speculative decoding: a round whose context already holds its text (prompt lookup) takes "
                         f"at most this many proposals from it, verified in one call (default {DEFAULT_LOOKUP_LEN}; 0: the "
                         "first cycle drafts every round)")
-    p.add_argument("--json", type=Path, help="where to write the JSON results (default DIR/bench.json)")
+    p.add_argument("--json", type=path_arg, help="where to write the JSON results (default DIR/bench.json)")
     p.add_argument("--no-verify", action="store_true", help="run the artifacts without first checking them against "
                    "the manifest's sha256 (for artifacts edited on purpose)")
     p.add_argument("--verbose", action="store_true", help="show the runtimes' and the export stack's own log lines "

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hrm_edge.io import path_arg
 from hrm_edge.errors import UserError, run_cli
 from hrm_edge.measure.harness import DecodeTiming, measure_decode, measure_forward
 from hrm_edge.measure.peers import peer_decoder
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kind", choices=("decode", "peer-decode", "forward"))
-    p.add_argument("dir", type=Path, help="the folder holding the program (export, checkpoint, baseline or peers)")
+    p.add_argument("dir", type=path_arg, help="the folder holding the program (export, checkpoint, baseline or peers)")
     p.add_argument("artifact", help="file name in DIR, or eager")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3, help="decode: generations; forward: timed calls after one")

@@ -26,7 +26,7 @@ import numpy as np
 
 from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file
+from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file, path_arg
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
 from hrm_edge.runtime.decoders import Sampling, generate
@@ -131,7 +131,7 @@ def completions(checkpoint: Path, projects: list[ProjectText], n: int, prompt_to
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hrm_edge.evaluate", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoints", type=Path, nargs="+", help="checkpoint folders (config.json, model.safetensors, "
+    p.add_argument("checkpoints", type=path_arg, nargs="+", help="checkpoint folders (config.json, model.safetensors, "
                                                                "tokenizer.json)")
     p.add_argument("--corpus", default="pypi", help="a built corpus (default: pypi, python -m hrm_edge.corpus)")
     p.add_argument("--max-bytes", type=int, default=200_000,
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=256, help="context per window, at most each model's (default 256)")
     p.add_argument("--samples", type=int, default=0, help="also print completions of this many held-out files")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
-    p.add_argument("--out", type=Path, help="write evaluation.json and evaluation.md into this folder")
+    p.add_argument("--out", type=path_arg, help="write evaluation.json and evaluation.md into this folder")
     mode = p.add_mutually_exclusive_group()  # each "instead:" is its own evaluation
     mode.add_argument("--depth-curve", action="store_true",
                    help="instead: adaptive depth's trade-off (exit rate, bpb, eager decode speed per halting rule and "
@@ -154,11 +154,12 @@ def main(argv=None) -> int:
                    help="--keyboard: where each project's text comes from: pieces spread over its files (default), "
                         "or its first files from their start (the measure before 2026-12-03, dominated by a "
                         "project's first files: a Sphinx conf.py, an __init__.py of imports)")
-    p.add_argument("--ngram", type=Path, help="--keyboard: the n-gram keyboard's file, loaded if it exists, else "
+    p.add_argument("--ngram", type=path_arg, help="--keyboard: the n-gram keyboard's file, loaded if it exists, else "
                    "trained on the corpus's training split and saved there (default: OUT/keyboard-ngram.npz)")
-    p.add_argument("--keyboard-graph", type=Path, help="--keyboard: suggest through this exported KV graph (e.g. the "
-                   "page's EXPORT/hrm.int8-static-perstep.kv.onnx) instead of the eager checkpoint (one checkpoint); "
-                   "the words are extended by the .draft.onnx graph beside it when there is one, as on the page")
+    p.add_argument("--keyboard-graph", type=path_arg, help="--keyboard: suggest through this exported KV graph (e.g. "
+                   "the page's EXPORT/hrm.int8-static-perstep.kv.onnx) instead of the eager checkpoint (one "
+                   "checkpoint); the words are extended by the .draft.onnx graph beside it when there is one, as on "
+                   "the page")
     p.add_argument("--keyboard-page-form", action="store_true", help="--keyboard-graph: run the graphs as the demo "
                    "serves them to the page (8-bit MatMulNBits as float MatMuls over the same 8-bit weights, which is "
                    "what the page computes; hrm_edge/app/shared_weights.py)")

@@ -35,7 +35,7 @@ import numpy as np
 
 from hrm_edge.config import ModelConfig
 from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file
+from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file, path_arg
 from hrm_edge.measure.harness import DecodeTiming, cpu_info, decode_in_child, describe_cpu
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.decoders import Decoder, PteDecoder, ort_session
@@ -325,9 +325,9 @@ def _model_dict(folder: Path) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hrm_edge.peers", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dir", type=Path, nargs="?", help="export folder (manifest.json) or checkpoint folder "
+    p.add_argument("dir", type=path_arg, nargs="?", help="export folder (manifest.json) or checkpoint folder "
                    "(config.json): the peers take its model's shape")
-    p.add_argument("--out", type=Path, help="where to build the peers (default DIR/peers)")
+    p.add_argument("--out", type=path_arg, help="where to build the peers (default DIR/peers)")
     p.add_argument("--shape", action="append", default=[], metavar="KEY=VALUE",
                    help="change one field of the shape (d_model, n_heads, ffn_hidden, n_layers, vocab_size, max_seq_len, "
                         "rope_theta, norm_eps); repeatable")
@@ -339,7 +339,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-weight-cache", action="store_true",
                    help="run the .pte programs with XNNPACK's weight cache off (the pip wheel's default; default: on, "
                         "as ExecuTorch's Android and iOS builds)")
-    p.add_argument("--json", type=Path, help="also write the timings, the shape and the CPU to this JSON file")
+    p.add_argument("--json", type=path_arg, help="also write the timings, the shape and the CPU to this JSON file")
     p.add_argument("--verbose", action="store_true", help="show the build tools' and runtimes' own log lines")
     a = p.parse_args(argv)
     if not 1 <= a.threads <= 256 or a.repeats < 1:

@@ -35,7 +35,7 @@ from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig
 from hrm_edge.errors import UserError
 from hrm_edge.export.names import artifact_name
 from hrm_edge.export.pipeline import versions
-from hrm_edge.io import atomic_write_text, check_writable_dir, sha256_file
+from hrm_edge.io import atomic_write_text, check_writable_dir, sha256_file, path_arg
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
                                       lower_kv_pte)
 from hrm_edge.quiet import quiet_third_party
@@ -506,7 +506,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick",
                    help="quick: tiny widths, tens of steps, a few minutes (CI; numbers mean nothing); "
                         "full: the README table, about 75 minutes on one core (default: quick)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"study folder (default: {DEFAULT_OUT})")
+    p.add_argument("--out", type=path_arg, default=DEFAULT_OUT, help=f"study folder (default: {DEFAULT_OUT})")
     p.add_argument("--only", help="comma-separated model names to run (default: all); the table also lists "
                                   "models an earlier run of the same --out finished")
     p.add_argument("--resume", action="store_true",

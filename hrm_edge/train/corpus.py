@@ -49,7 +49,7 @@ from hrm_edge.config import DataConfig
 from hrm_edge.train.dataset import (CORPUS_FORMAT, RECORD, SPLITS, _bucket, _stdlib_files, default_corpus_cache,
                            document_order, encode_documents, is_built_corpus, listing_sha256)
 from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_write_text, sha256_file
+from hrm_edge.io import atomic_write_text, sha256_file, path_arg
 from hrm_edge.train.tokenizer import train_tokenizer
 
 RECIPE = Path(__file__).with_name("corpus_recipe.tsv")
@@ -573,12 +573,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m hrm_edge.corpus", description=__doc__.split("\n\n")[0], fromfile_prefix_chars="@",
         epilog="train on it: python -m hrm_edge.train --corpus pypi (or --corpus OUT for another --out)")
-    p.add_argument("--cache", type=Path, default=None,
+    p.add_argument("--cache", type=path_arg, default=None,
                    help="folder for downloaded sdists and the default build "
                         "(default: $XDG_CACHE_HOME/hrm-edge/corpus, else ~/.cache/hrm-edge/corpus)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=path_arg, default=None,
                    help="built corpus folder, replaced atomically (default: CACHE/pypi, what --corpus pypi reads)")
-    p.add_argument("--recipe", type=Path, default=RECIPE, help="recipe TSV (default: the packaged corpus_recipe.tsv)")
+    p.add_argument("--recipe", type=path_arg, default=RECIPE,
+                   help="recipe TSV (default: the packaged corpus_recipe.tsv)")
     p.add_argument("--project-cap", type=int, default=PROJECT_CAP_BYTES,
                    help=f"most bytes of .py text kept per project (default {PROJECT_CAP_BYTES})")
     p.add_argument("--no-stdlib-reference", action="store_true",

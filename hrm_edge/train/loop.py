@@ -37,7 +37,7 @@ from hrm_edge.train.dataset import (Corpus, bytes_per_token, check_corpus, encod
                                     random_batch)
 from hrm_edge.train.halting import train_halting_head
 from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_write_text, check_writable_dir
+from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg
 from hrm_edge.model.lm import HRMLM, parameter_counts
 from hrm_edge.train.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -387,7 +387,8 @@ def main(argv=None) -> int:
                "  torchrun --nproc_per_node=N -m hrm_edge.train --preset tiny --out runs/tiny [--resume]\n"
                "the preset's batch_size must be divisible by N; rank 0 writes the checkpoint and the logs")
     p.add_argument("--preset", default="default", help="preset name in hrm_edge/train/presets/ or a .toml path (default: default)")
-    p.add_argument("--out", type=Path, help="checkpoint folder to write (created if missing); required unless --speed-test")
+    p.add_argument("--out", type=path_arg,
+                   help="checkpoint folder to write (created if missing); required unless --speed-test")
     p.add_argument("--corpus", help="text file or folder of UTF-8 text files (default: the Python stdlib source)")
     p.add_argument("--steps", type=int, help="override the preset's number of optimizer steps")
     p.add_argument("--seed", type=int, help="override the preset's seed")
@@ -401,7 +402,7 @@ def main(argv=None) -> int:
                         "bf16 autocast and bf16 + torch.compile (bf16 only on CPUs with native bf16) (--steps timed "
                         "steps each, default 12); "
                         "prints a table, and writes train_speed.json into --out if given")
-    p.add_argument("--halting-head", type=Path, metavar="CHECKPOINT",
+    p.add_argument("--halting-head", type=path_arg, metavar="CHECKPOINT",
                    help="do not train the model: train the adaptive-depth halting head of this checkpoint on its frozen "
                         "model (training split of --corpus, default the checkpoint's own corpus) and write "
                         "CHECKPOINT/halting.safetensors (hrm_edge.train.halting)")

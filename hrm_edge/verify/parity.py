@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_path, atomic_write_text, sha256_file
+from hrm_edge.io import atomic_path, atomic_write_text, sha256_file, path_arg
 from hrm_edge.runtime.adaptive import (BRANCH_TOKENS, BRANCH_WINDOWS, DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder,
                                       TopProbRule, adaptive_decode_logits, reference_name)
 from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
@@ -598,7 +598,7 @@ def main(argv=None, target_main=None) -> int:
     """python -m hrm_edge.parity. target_main(args, manifest, target, cpu models, skip) -> exit code runs the
     gate on another target (the script entry hrm_edge.parity passes hrm_edge.verify.arm64_gate.target_main)."""
     p = argparse.ArgumentParser(prog="python -m hrm_edge.parity", description=__doc__.split("\n\n")[0])
-    p.add_argument("dir", type=Path, help="export folder (holds manifest.json)")
+    p.add_argument("dir", type=path_arg, help="export folder (holds manifest.json)")
     p.add_argument("--bundle-only", action="store_true",
                    help="check the artifacts against the parity bundle's expected outputs only: no torch for ONNX "
                         "(numpy + onnxruntime suffice, as on a small device); .pte files are checked only where "
