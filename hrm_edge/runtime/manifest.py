@@ -123,13 +123,12 @@ def read_manifest(out_dir: Path) -> dict:
 
 def check_structure(path: Path, manifest: dict) -> None:
     """The parts readers index without looking: a user error (not a KeyError or TypeError) if one is malformed."""
-    model = manifest.get("model")
-    if not (isinstance(model, dict) and all(isinstance(model.get(k), int) for k in ("max_seq_len", "vocab_size"))):
-        raise UserError(f"{path}: 'model' needs integer \"max_seq_len\" and \"vocab_size\" (every export writes them)")
+    if not isinstance(manifest.get("model", {}), dict):
+        raise UserError(f"{path}: 'model' is not an object")
     for key in ("tokenizer", "parity_bundle", "web_bundle"):
         entry = manifest.get(key)
-        if (entry is not None or key != "web_bundle") and not (  # the web bundle is the one optional file
-                isinstance(entry, dict) and all(isinstance(entry.get(k), str) for k in ("path", "sha256"))):
+        if entry is not None and not (isinstance(entry, dict) and all(isinstance(entry.get(k), str)
+                                                                     for k in ("path", "sha256"))):
             raise UserError(f"{path}: {key!r} needs a \"path\" and a \"sha256\" string")
     for key in ("checkpoint", "calibration"):
         if manifest.get(key) is not None and not isinstance(manifest[key], dict):
