@@ -128,6 +128,18 @@ def completions(checkpoint: Path, projects: list[ProjectText], n: int, prompt_to
     return out
 
 
+def check_inputs(a: argparse.Namespace) -> None:
+    """What every mode reads and writes, checked before minutes of n-gram training or held-out text."""
+    if not 0 <= a.threads <= 256:
+        raise UserError("--threads must be in 0..256")
+    for checkpoint in a.checkpoints:
+        check_checkpoint(checkpoint)
+    if a.out:
+        check_writable_dir(a.out)  # before the evaluation, whose files go there
+    if a.ngram and not a.ngram.exists():  # trained and saved there
+        check_writable_file(a.ngram)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hrm_edge.evaluate", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -167,14 +179,7 @@ def main(argv=None) -> int:
                    help="instead: how often continuations of held-out code repeat themselves at these repetition "
                         "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
     a = p.parse_args(argv)
-    if not 0 <= a.threads <= 256:
-        raise UserError("--threads must be in 0..256")
-    for checkpoint in a.checkpoints:  # before minutes of n-gram training or held-out text
-        check_checkpoint(checkpoint)
-    if a.out:
-        check_writable_dir(a.out)  # before the evaluation, whose files go there
-    if a.ngram and not a.ngram.exists():  # trained and saved there
-        check_writable_file(a.ngram)
+    check_inputs(a)
     if a.repetition is not None:
         from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module
 

@@ -379,6 +379,27 @@ def _init_distributed() -> None:
         dist.init_process_group("gloo")
 
 
+def speed_test(preset: Preset, steps: int, out: Path | None) -> int:
+    """--speed-test: the preset's training tokens/s per variant, printed; train_speed.json into `out` if given."""
+    if out:
+        check_writable_dir(out)  # before the timing, not after
+    if preset.train.threads:
+        torch.set_num_threads(preset.train.threads)
+    print(f"training speed, preset {preset.name}, batch {preset.train.batch_size} x {preset.train.seq_len} tokens, "
+          f"{torch.get_num_threads()} thread(s):")
+    rows = training_speed(preset, steps=steps)
+    table = ["| variant | batch | tokens/s | vs fp32 |", "|---|---:|---:|---:|"] + [
+        f"| {r['variant']} | {r['batch_size']} | " + (f"{r['tokens_per_s']:.0f} | {r['vs_fp32']:.2f}x |"
+                                                      if "tokens_per_s" in r else
+                                                      f"{'skipped: ' + r['skipped'] if 'skipped' in r else 'failed: ' + r['error']} | – |")
+        for r in rows]
+    print("\n".join(table))
+    if out:
+        atomic_write_text(out / "train_speed.json", json.dumps(
+            {"preset": preset.name, "threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m hrm_edge.train", description=__doc__.split("\n\n")[0],
@@ -421,23 +442,7 @@ def main(argv=None) -> int:
     if a.threads is not None:
         preset.train.threads = a.threads
     if a.speed_test:
-        if a.out:
-            check_writable_dir(a.out)  # before the timing, not after
-        if preset.train.threads:
-            torch.set_num_threads(preset.train.threads)
-        print(f"training speed, preset {preset.name}, batch {preset.train.batch_size} x {preset.train.seq_len} tokens, "
-              f"{torch.get_num_threads()} thread(s):")
-        rows = training_speed(preset, steps=a.steps or 12)
-        table = ["| variant | batch | tokens/s | vs fp32 |", "|---|---:|---:|---:|"] + [
-            f"| {r['variant']} | {r['batch_size']} | " + (f"{r['tokens_per_s']:.0f} | {r['vs_fp32']:.2f}x |"
-                                                          if "tokens_per_s" in r else
-                                                          f"{'skipped: ' + r['skipped'] if 'skipped' in r else 'failed: ' + r['error']} | – |")
-            for r in rows]
-        print("\n".join(table))
-        if a.out:
-            atomic_write_text(a.out / "train_speed.json", json.dumps(
-                {"preset": preset.name, "threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
-        return 0
+        return speed_test(preset, a.steps or 12, a.out)
     if a.out is None:
         raise UserError("--out is required (the checkpoint folder to write)")
     distributed, rank = "RANK" in os.environ, int(os.environ.get("RANK", 0))  # RANK: launched by torchrun
