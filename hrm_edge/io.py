@@ -165,6 +165,21 @@ def _rewrite(f, text: str) -> None:
 
 
 @contextlib.contextmanager
+def removed_if_failed(folder: Path, leftovers: tuple[str, ...] = ()):
+    """For a folder the with-block may create: if the block fails and the folder was not there before and holds
+    nothing but `leftovers` (a lock marker), it is removed. A run refused on an input it could only judge by reading
+    it (a corpus with no text) leaves nothing behind; a folder that was there, or holds work, is kept."""
+    folder = Path(folder)
+    existed = folder.exists()
+    try:
+        yield
+    except BaseException:
+        if not existed and folder.is_dir() and all(p.name in leftovers for p in folder.iterdir()):
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
 def staging_folder(folder: Path, name: str):
     """A new empty folder/name for the with-block to write into (a leftover of a killed run is removed first);
     removed with its contents if the block fails. Call it under folder_lock: it is the only writer's."""

@@ -33,12 +33,37 @@ def test_empty_corpus(tmp_path):
     (tmp_path / "c" / "empty.txt").write_text("  \n")
     assert_user_error(run_module("hrm_edge.train", "--preset", "tiny", "--corpus", tmp_path / "c",
                                  "--out", tmp_path / "o"), "empty")
+    assert_user_error(run_module("hrm_edge.export", "--preset", "tiny", "--corpus", tmp_path / "c",
+                                 "--out", tmp_path / "e"), "empty")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # found empty only when read: no folder is left
+
+
+def test_resume_is_checked_before_the_corpus_is_read(tmp_path):
+    """--resume of another preset's checkpoint (found after the corpus was read and tokenized, ~46 s) and a
+    train_state.json cut short (a traceback) are one line at once; --halting-head into a folder, before training."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    for f in (REPO / "hrm_edge" / "default_model").iterdir():
+        (ckpt / f.name).write_bytes(f.read_bytes())
+    proc = run_module("hrm_edge.train", "--preset", "tiny", "--out", ckpt, "--resume")
+    assert_user_error(proc, "was trained with preset 'default', not 'tiny'", "--preset default")
+    assert proc.stdout == ""
+    (ckpt / "train_state.json").write_text('{"step": 12, "pres')
+    assert_user_error(run_module("hrm_edge.train", "--out", ckpt, "--resume"), "train_state.json is not readable JSON")
+    (ckpt / "halting.safetensors").unlink()
+    (ckpt / "halting.safetensors").mkdir()
+    proc = run_module("hrm_edge.train", "--halting-head", ckpt, "--corpus", tmp_path / "nope")
+    assert_user_error(proc, "halting.safetensors is a folder")
+    (ckpt / "halting.safetensors").rmdir()
+    assert_user_error(run_module("hrm_edge.train", "--halting-head", ckpt, "--corpus", tmp_path / "nope"),
+                      "corpus not found")
 
 
 def test_empty_corpus_folder(tmp_path):
     (tmp_path / "c").mkdir()
     assert_user_error(run_module("hrm_edge.export", "--preset", "tiny", "--corpus", tmp_path / "c",
                                  "--out", tmp_path / "o"), "no files")
+    assert not (tmp_path / "o").exists()
 
 
 def test_non_utf8_corpus(tmp_path):
@@ -46,6 +71,7 @@ def test_non_utf8_corpus(tmp_path):
     bad.write_bytes("caf\xe9 au lait\n".encode("latin-1") * 100)
     assert_user_error(run_module("hrm_edge.export", "--preset", "tiny", "--corpus", bad, "--out", tmp_path / "o"),
                       "not UTF-8", "latin1.txt")
+    assert not (tmp_path / "o").exists()
 
 
 def test_unknown_preset(tmp_path):

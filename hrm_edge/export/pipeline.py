@@ -42,7 +42,7 @@ from hrm_edge.export.quantize import (NBITS_BLOCK, all_linear_int8_names, dynami
                                       static_onnx_quantization, static_plan)
 from hrm_edge.export.workers import init_worker
 from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
-                         sha256_file, staging_folder, path_arg)
+                         sha256_file, staging_folder, path_arg, removed_if_failed)
 from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, check_checkpoint, configs_for, copy_model_files,
                                        load_model, load_train_state)
 from hrm_edge.model.eager import EagerDecoder
@@ -204,11 +204,12 @@ def export_all(out: Path, options: ExportOptions | None = None, log=print) -> bo
     artifact passed the parity gate."""
     options, out = options or ExportOptions(), Path(out)
     check_inputs(options)
-    check_output_folder(out, options.checkpoint)
-    with folder_lock(out, EXPORT_MARKER, log), staging_folder(out, STAGING) as staging:
-        with one_line_write_errors(out):
-            ok = export_stages(out, staging, options, log)
-            publish(staging, out, last=(REPORT, MANIFEST))
+    with removed_if_failed(out, leftovers=(EXPORT_MARKER,)):
+        check_output_folder(out, options.checkpoint)
+        with folder_lock(out, EXPORT_MARKER, log), staging_folder(out, STAGING) as staging:
+            with one_line_write_errors(out):
+                ok = export_stages(out, staging, options, log)
+                publish(staging, out, last=(REPORT, MANIFEST))
     log(f"[export] published into {out}")
     return ok
 

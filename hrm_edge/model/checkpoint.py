@@ -131,9 +131,18 @@ def load_optimizer(opt, path: Path) -> None:
 
 
 def load_train_state(ckpt: Path) -> dict:
-    """train_state.json of a checkpoint folder; {} for a folder without one (e.g. the weights alone)."""
+    """train_state.json of a checkpoint folder; {} for a folder without one (e.g. the weights alone). A user error
+    (one line) for a file that is not a JSON object: one cut short, or another file under that name."""
     path = Path(ckpt) / STATE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is not readable JSON ({first_line(e)})") from None
+    if not isinstance(state, dict):
+        raise UserError(f"{path} is not a JSON object")
+    return state
 
 
 def configs_for(ckpt: Path, corpus: str | None = None) -> tuple[DataConfig, QuantConfig]:

@@ -8,7 +8,6 @@ model.safetensors is not touched, so the model and its exports stay as they are.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +16,11 @@ import torch.nn.functional as F
 
 from hrm_edge.config import DataConfig
 from hrm_edge.errors import UserError
-from hrm_edge.model.checkpoint import HALTING, STATE, TOKENIZER, load_model, save_halting_head
+from hrm_edge.io import check_writable_file
+from hrm_edge.model.checkpoint import (HALTING, TOKENIZER, check_checkpoint, load_model, load_train_state,
+                                      save_halting_head)
 from hrm_edge.model.lm import HaltingHead, NoCache, check_adaptive
-from hrm_edge.train.dataset import encode_documents, load_corpus, random_batch
+from hrm_edge.train.dataset import check_corpus, encode_documents, load_corpus, random_batch
 from hrm_edge.train.tokenizer import load_tokenizer
 
 TRAIN_TEXT_BYTES = 4_000_000  # training-split text encoded for windows (a random sample of its documents)
@@ -75,6 +76,10 @@ def head_report(head: HaltingHead, feats, targets) -> dict:
 def train_halting_head(ckpt: Path, corpus: str | None = None, windows: int = 160, seq_len: int = 256, seed: int = 0,
                        log=print) -> dict:
     """Train and save CHECKPOINT/halting.safetensors; returns the held-back examples' report."""
+    check_checkpoint(ckpt)  # where the head is trained from and written to, and its text, before the training
+    check_writable_file(Path(ckpt) / HALTING)
+    corpus = corpus or _trained_corpus(ckpt)
+    check_corpus(corpus)
     model = load_model(ckpt)
     try:
         check_adaptive(model.cfg)
@@ -82,8 +87,6 @@ def train_halting_head(ckpt: Path, corpus: str | None = None, windows: int = 160
         raise UserError(f"--halting-head: {e}") from None
     for p in model.parameters():
         p.requires_grad_(False)
-    if corpus is None:
-        corpus = _trained_corpus(ckpt)
     seq_len = min(seq_len, model.cfg.max_seq_len)
     tok = load_tokenizer(ckpt / TOKENIZER)
     feats, targets = head_examples(model, training_windows(corpus, tok, windows, seq_len, seed))
@@ -97,6 +100,5 @@ def train_halting_head(ckpt: Path, corpus: str | None = None, windows: int = 160
 
 def _trained_corpus(ckpt: Path) -> str:
     """The corpus the checkpoint was trained on (train_state.json), else the default (pypi)."""
-    state = ckpt / STATE
-    corpus = json.loads(state.read_text()).get("data", {}).get("corpus") if state.is_file() else None
+    corpus = load_train_state(ckpt).get("data", {}).get("corpus")
     return corpus or "pypi"

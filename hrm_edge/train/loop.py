@@ -31,13 +31,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from hrm_edge.model.checkpoint import OPTIMIZER, STATE, TOKENIZER, load_model, load_optimizer, save_checkpoint
+from hrm_edge.model.checkpoint import (OPTIMIZER, STATE, TOKENIZER, check_checkpoint, load_model, load_optimizer,
+                                      load_train_state, save_checkpoint)
 from hrm_edge.config import Preset, load_preset
 from hrm_edge.train.dataset import (Corpus, bytes_per_token, check_corpus, encode_documents, fixed_windows, load_corpus,
                                     random_batch)
 from hrm_edge.train.halting import train_halting_head
 from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg
+from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, removed_if_failed
 from hrm_edge.model.lm import HRMLM, parameter_counts
 from hrm_edge.train.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -139,9 +140,7 @@ def _process_group(batch_size: int) -> ProcessGroup:
 def _tokenizer(preset: Preset, out: Path, corpus: Corpus, resume: bool, group: ProcessGroup):
     """The checkpoint's tokenizer when resuming; otherwise rank 0 trains it on training text and saves it,
     and the other ranks load its file."""
-    if resume:
-        if not (out / STATE).is_file():
-            raise UserError(f"--resume: no checkpoint in {out} (missing {STATE})")
+    if resume:  # check_resume has checked the folder
         return load_tokenizer(out / TOKENIZER)
     if group.rank != 0:
         dist.barrier()  # rank 0 trains and saves the tokenizer (below); the others load its file
@@ -159,12 +158,24 @@ def _tokenizer(preset: Preset, out: Path, corpus: Corpus, resume: bool, group: P
     return tok
 
 
+def check_resume(preset: Preset, out: Path) -> None:
+    """What --resume needs, checked before the corpus is read (a minute on the default corpus): a checkpoint in
+    `out` that this preset trained. Another preset's model would go on under this preset's schedule and data."""
+    if not (Path(out) / STATE).is_file():
+        raise UserError(f"--resume: no checkpoint in {out} (missing {STATE})")
+    check_checkpoint(out)
+    trained_with = load_train_state(out).get("preset")
+    if trained_with != preset.name:
+        raise UserError(f"--resume: {out} was trained with preset {trained_with!r}, not {preset.name!r}; "
+                        f"resume it with --preset {trained_with}")
+
+
 def _model_and_state(preset: Preset, out: Path, corpus: Corpus, tok, resume: bool, n_train: int, n_val: int):
     """(model, train state): the checkpoint's when resuming, else a fresh model fitted to the tokenizer."""
     tc = preset.train
     if resume:
         model = load_model(out).train()
-        state = json.loads((out / STATE).read_text())
+        state = load_train_state(out)
         if state.get("corpus_split_sha256") != corpus.names_sha256:
             raise UserError(f"--resume: the corpus differs from the one {out} was trained on")
         return model, state
@@ -254,12 +265,14 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     if rank != 0:  # one process speaks for the group
         log, progress = (lambda *_: None), False
     check_corpus(preset.data.corpus)  # before the folder is made
-    out = check_writable_dir(out)
+    if resume:
+        check_resume(preset, out)
     if tc.threads:
         torch.set_num_threads(tc.threads)
     torch.manual_seed(tc.seed)
-
-    corpus = load_corpus(preset.data)
+    with removed_if_failed(out):  # a corpus found empty (or not text) only when read leaves no folder behind
+        out = check_writable_dir(out)
+        corpus = load_corpus(preset.data)
     tok = _tokenizer(preset, out, corpus, resume, group)
     train_stream = encode_documents(tok, corpus.train)
     val_stream = encode_documents(tok, corpus.val)
