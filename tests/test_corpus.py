@@ -252,6 +252,25 @@ def test_pin_prints_recipe_lines(tmp_path, local_index, fake_cache):
     assert proc.stdout.strip() == f"{name}\t1.0\t{pin.sha256}\tBSD"
 
 
+def test_bad_flags_are_refused_before_any_download(tmp_path):
+    """Each was found only after the downloads started (minutes in) or was a traceback: --jobs out of range, a
+    --cache or --out that cannot be written, a recipe or a --pin @FILE that is not UTF-8."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")  # nothing can be made below a file, even by root
+    (tmp_path / "latin1.tsv").write_bytes("caf\xe9\t1.0\n".encode("latin-1"))
+    cache = ("--cache", tmp_path / "cache")
+    for args, needle in [(("--jobs", "0", *cache), "--jobs must be in 1..64"),
+                         (("--jobs", "100000", *cache), "--jobs must be in 1..64"),
+                         (("--cache", blocker / "c"), "not writable"),
+                         (("--out", blocker / "o", *cache), "not writable"),
+                         (("--recipe", tmp_path / "latin1.tsv", *cache), "is not UTF-8 text"),
+                         (("--pin", f"@{tmp_path / 'latin1.tsv'}", *cache), "@FILE of --pin specs is not UTF-8")]:
+        proc = run_module("hrm_edge.corpus", *args, "--no-progress")
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], (args, proc.stderr[-1500:])
+    assert not (tmp_path / "cache" / "sdists").exists()  # nothing was downloaded
+
+
 def test_help_on_every_flag():
     import re
     proc = run_module("hrm_edge.corpus", "--help")

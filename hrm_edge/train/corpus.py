@@ -49,7 +49,7 @@ from hrm_edge.config import DataConfig
 from hrm_edge.train.dataset import (CORPUS_FORMAT, RECORD, SPLITS, _bucket, _stdlib_files, default_corpus_cache,
                            document_order, encode_documents, is_built_corpus, listing_sha256)
 from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_write_text, sha256_file, path_arg
+from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, sha256_file
 from hrm_edge.train.tokenizer import train_tokenizer
 
 RECIPE = Path(__file__).with_name("corpus_recipe.tsv")
@@ -104,8 +104,12 @@ def read_recipe(path: Path = RECIPE) -> list[Pin]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"recipe not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"recipe {path} is not UTF-8 text") from None
     pins, seen = [], set()
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         cols = line.split("\t")
@@ -589,17 +593,21 @@ def main(argv: list[str] | None = None) -> int:
                         "license from the sdist's metadata); @FILE reads the specs from a file, one a line")
     p.add_argument("--jobs", type=int, default=3, help="pip downloads run at once (default 3)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    a = p.parse_args(argv)
-    cache = (a.cache or default_corpus_cache()).expanduser()
+    try:
+        a = p.parse_args(argv)
+    except UnicodeDecodeError:  # argparse reads an @FILE itself
+        raise UserError("an @FILE of --pin specs is not UTF-8 text") from None
+    if not 1 <= a.jobs <= 64 or a.project_cap < 1:
+        raise UserError("--jobs must be in 1..64 and --project-cap >= 1")
+    cache = check_writable_dir((a.cache or default_corpus_cache()).expanduser())  # before any download
     progress = not a.no_progress
     if a.pin:
         print("\n".join(pin_projects(a.pin, cache, progress, a.jobs)))
         return 0
-    if a.project_cap < 1:
-        raise UserError("--project-cap must be >= 1")
     out = (a.out or cache / "pypi").expanduser()
     pins = read_recipe(a.recipe)
     check_out(out)
+    check_writable_dir(out.parent)  # where the corpus is written beside, then renamed onto --out
     t0 = time.time()
     archives = fetch_all(pins, cache, progress, a.jobs)
     t1 = time.time()
