@@ -72,6 +72,18 @@ def path_arg(text: str) -> Path:
     return Path(text)
 
 
+def refuse_unused(parser: argparse.ArgumentParser, args: argparse.Namespace, flags: tuple[str, ...], mode: str) -> None:
+    """Flags that only shape `mode` (a flag of its own): a user error when one is set to other than its default while
+    `mode` is off, instead of being ignored without a word (`--draft-len 8` without `--speculative`)."""
+    if getattr(args, mode.lstrip("-").replace("-", "_")):
+        return
+    dests = {f: f.lstrip("-").replace("-", "_") for f in flags}
+    given = [f for f, d in dests.items() if getattr(args, d) != parser.get_default(d)]
+    if given:
+        raise UserError(f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} with {mode}: "
+                        f"add {mode}, or leave {'it' if len(given) == 1 else 'them'} out")
+
+
 def check_writable_dir(path: Path) -> Path:
     """Create `path` if needed and prove we can write there, before any long work starts."""
     path = Path(path)

@@ -202,6 +202,25 @@ def test_keyboard_graph_and_page_form_need_a_kv_graph(tmp_path):
                       "needs --keyboard-graph with an ONNX KV graph (*.kv.onnx)")
 
 
+def test_a_flag_of_a_mode_that_is_off_is_refused(tmp_path):
+    """Flags that only shape another flag's mode were ignored without a word: `complete --draft-len 8` decoded
+    without speculation, `evaluate --keyboard-chars` ran the bits-per-byte table, `demo --keyboard-interval` served."""
+    for module, args, needle in [
+            ("hrm_edge.complete", ("--draft-len", "8", "def "), "--draft-len only applies with --speculative"),
+            ("hrm_edge.complete", ("--lookup-len", "0", "--draft-len", "2", "def "),
+             "--draft-len, --lookup-len only apply with --speculative: add --speculative, or leave them out"),
+            ("hrm_edge.evaluate", ("hrm_edge/default_model", "--keyboard-chars", "100", "--ngram", tmp_path / "n"),
+             "--keyboard-chars, --ngram only apply with --keyboard"),
+            ("hrm_edge.evaluate", ("hrm_edge/default_model", "--depth-curve", "--keyboard-sample", "start"),
+             "--keyboard-sample only applies with --keyboard"),
+            ("hrm_edge.demo", (tmp_path, "--keyboard-interval", "200"), "--keyboard-interval only applies with "
+                                                                        "--keyboard-bench")]:
+        proc = run_module(module, *args)
+        assert_user_error(proc, needle)
+        assert proc.stdout == "", (module, proc.stdout[-500:])
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_parity_on_a_non_export_folder(tmp_path):
     assert_user_error(run_module("hrm_edge.parity", tmp_path), "no manifest.json")
     assert_user_error(run_module("hrm_edge.parity", tmp_path / "nope"), "not found")

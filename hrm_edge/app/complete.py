@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hrm_edge.io import path_arg
+from hrm_edge.io import path_arg, refuse_unused
 from hrm_edge.errors import UserError, first_line, run_cli
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
@@ -223,8 +223,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    a = parser().parse_args(argv)
+    p = parser()
+    a = p.parse_args(argv)
     quiet_third_party(a.verbose)
+    refuse_unused(p, a, ("--draft-len", "--lookup-len"), "--speculative")
     if a.max_new_tokens < 1 or not 0 <= a.threads <= MAX_THREADS or a.seed < 0:
         raise UserError(f"--max-new-tokens must be >= 1, --threads in 0..{MAX_THREADS}, --seed >= 0")
     # (written so that NaN fails too) a positive temperature below 1e-4 overflows the scaled logits: 0 is greedy

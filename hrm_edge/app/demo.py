@@ -30,7 +30,7 @@ from urllib.parse import unquote, urlsplit
 from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_pieces, heldout_text
 from hrm_edge.app.shared_weights import EXTERNAL_MIN_BYTES, share_weights, weights_name
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import sha256_file, path_arg
+from hrm_edge.io import path_arg, refuse_unused, sha256_file
 from hrm_edge.measure.harness import cpu_info, describe_cpu
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.manifest import contained_path, manifest_json, read_manifest, verify_files
@@ -335,6 +335,8 @@ def main(argv=None) -> int:
                         "was due (default 0: each key as soon as the last one's chips are there, no lookahead)")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
+    refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--keyboard-text", "--keyboard-model",
+                         "--keyboard-threads", "--keyboard-full-depth", "--keyboard-interval"), "--keyboard-bench")
     if not a.host.strip():  # the socket would take "" as every interface: say so instead
         raise UserError("--host is empty: give 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
     if not 0 <= a.port <= 65535:

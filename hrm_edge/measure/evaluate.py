@@ -26,7 +26,7 @@ import numpy as np
 
 from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file, path_arg
+from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file, path_arg, refuse_unused
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
 from hrm_edge.runtime.decoders import Sampling, generate
@@ -179,6 +179,8 @@ def main(argv=None) -> int:
                    help="instead: how often continuations of held-out code repeat themselves at these repetition "
                         "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
     a = p.parse_args(argv)
+    refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--ngram", "--keyboard-graph", "--keyboard-page-form"),
+                  "--keyboard")
     check_inputs(a)
     if a.repetition is not None:
         from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module
