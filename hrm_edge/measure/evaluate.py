@@ -179,8 +179,8 @@ def main(argv=None) -> int:
                    help="instead: how often continuations of held-out code repeat themselves at these repetition "
                         "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
     a = p.parse_args(argv)
-    refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--ngram", "--keyboard-graph", "--keyboard-page-form"),
-                  "--keyboard")
+    refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--ngram", "--keyboard-graph",
+                         "--keyboard-page-form"), "--keyboard")
     check_inputs(a)
     if a.repetition is not None:
         from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module
