@@ -221,6 +221,19 @@ def test_a_flag_of_a_mode_that_is_off_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_export_flags_that_would_do_nothing(tmp_path):
+    """`--formats onnx --int8 dynamic` exported no int8 artifact, `--pte-programs` without pte and `--steps` with a
+    checkpoint were ignored: refused before the folder is made."""
+    for args, needle in [(("--formats", "onnx", "--int8", "static,dynamic,8da4w"),
+                          "--int8 dynamic,8da4w makes pte artifacts, which --formats leaves out"),
+                         (("--formats", "pte", "--int8", "nbits"), "--int8 nbits makes onnx artifacts"),
+                         (("--formats", "onnx", "--pte-programs", "kv_cache"), "--pte-programs chooses .pte programs"),
+                         (("--steps", "5",), "--steps sets the training of a --preset"),
+                         (("--checkpoint", REPO / "hrm_edge" / "default_model", "--steps", "5"), "--steps sets")]:
+        assert_user_error(run_module("hrm_edge.export", *args, "--out", tmp_path / "o"), needle)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_parity_on_a_non_export_folder(tmp_path):
     assert_user_error(run_module("hrm_edge.parity", tmp_path), "no manifest.json")
     assert_user_error(run_module("hrm_edge.parity", tmp_path / "nope"), "not found")

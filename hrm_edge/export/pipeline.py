@@ -60,6 +60,8 @@ from hrm_edge.verify.web_bundle import write_web_bundle
 DEFAULT_OUT = Path("export/out")
 SHIPPED_CHECKPOINT = Path(__file__).resolve().parents[1] / "default_model"
 INT8_MODES = ("static", "static-shared", "dynamic", "pt2e", "8da4w", "nbits")
+INT8_FORMATS = {"static": "onnx", "static-shared": "onnx", "nbits": "onnx", "dynamic": "pte", "pt2e": "pte",
+                "8da4w": "pte"}  # what each mode makes
 PTE_PROGRAMS = ("full_sequence", "kv_cache", "speculative")  # the .pte program kinds (manifest "program")
 GREEDY_NEW_TOKENS = 64  # decode parity: this many greedy tokens must match eager fp32 exactly
 
@@ -100,6 +102,21 @@ def parse_pte_programs(text: str, int8: tuple | None) -> tuple[str, ...]:
     if int8 and "pt2e" in int8 and "full_sequence" not in programs:
         raise UserError("--int8 pt2e makes a full_sequence .pte program, which --pte-programs leaves out")
     return programs
+
+
+def check_no_idle_flags(formats: tuple, int8: tuple | None, pte_programs_given: bool, steps_given: bool,
+                        preset: str | None) -> None:
+    """Flags that would do nothing with the others given: refused, not ignored without a word (`--formats onnx
+    --int8 dynamic` exported no int8 artifact)."""
+    if pte_programs_given and "pte" not in formats:
+        raise UserError("--pte-programs chooses .pte programs, which --formats leaves out")
+    idle = [m for m in int8 or () if INT8_FORMATS[m] not in formats]
+    if idle:
+        raise UserError(f"--int8 {','.join(idle)} makes {' and '.join(sorted({INT8_FORMATS[m] for m in idle}))} "
+                        "artifacts, which --formats leaves out")
+    if steps_given and preset is None:
+        raise UserError("--steps sets the training of a --preset; a checkpoint (the shipped model by default) is "
+                        "exported as it is")
 
 
 def check_cycles(cycles: tuple, cfg) -> None:
@@ -794,6 +811,7 @@ def main(argv=None) -> int:
         raise UserError(f"--formats: unknown format(s) {', '.join(bad) or '(none given)'}; choose from onnx, pte")
     int8 = parse_int8_modes(a.int8) if a.int8 is not None else None
     pte_programs = parse_pte_programs(a.pte_programs, int8)
+    check_no_idle_flags(formats, int8, a.pte_programs != p.get_default("pte_programs"), a.steps is not None, a.preset)
     if a.parity_samples < 1 or (a.calib_samples is not None and a.calib_samples < 1):
         raise UserError("--parity-samples and --calib-samples must be >= 1")
     try:
