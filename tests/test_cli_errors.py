@@ -213,6 +213,8 @@ def test_a_flag_of_a_mode_that_is_off_is_refused(tmp_path):
              "--keyboard-chars, --ngram only apply with --keyboard"),
             ("hrm_edge.evaluate", ("hrm_edge/default_model", "--depth-curve", "--keyboard-sample", "start"),
              "--keyboard-sample only applies with --keyboard"),
+            ("hrm_edge.study", ("--out", tmp_path / "s", "--train-only", "--decode-ablations"),
+             "--decode-ablations and --decode-threads shape the decode measurement"),
             ("hrm_edge.demo", (tmp_path, "--keyboard-interval", "200"), "--keyboard-interval only applies with "
                                                                         "--keyboard-bench")]:
         proc = run_module(module, *args)

@@ -529,6 +529,9 @@ def main(argv=None) -> int:
     quiet_third_party(a.verbose)
     if not 0 <= a.threads <= 256 or not 1 <= a.decode_threads <= 256:
         raise UserError("--threads must be in 0..256 and --decode-threads in 1..256")
+    if a.train_only and (a.decode_ablations or a.decode_threads != 1):  # they would be ignored without a word
+        raise UserError("--decode-ablations and --decode-threads shape the decode measurement, which --train-only "
+                        "leaves to a later run with --resume: give them to that run")
     only = [n.strip() for n in a.only.split(",") if n.strip()] if a.only else None
     if a.only is not None and not only:
         raise UserError("--only: give at least one model name")
