@@ -480,17 +480,19 @@ def main(argv=None) -> int:
     p.add_argument("--verbose", action="store_true", help="show the runtimes' and the export stack's own log lines "
                    "and warnings (the benchmark processes' stderr too)")
     a = p.parse_args(argv)
-    if not 1 <= a.threads <= 256 or a.repeats < 1 or a.rounds < 1 or a.lookup_len < 0:
-        raise UserError("--threads must be in 1..256, --repeats and --rounds >= 1, --lookup-len >= 0")
+    seq_len_ok = a.seq_len is None or a.seq_len >= 1  # None: the default
+    if not 1 <= a.threads <= 256 or a.repeats < 1 or a.rounds < 1 or a.lookup_len < 0 or not seq_len_ok:
+        raise UserError("--threads must be in 1..256, --repeats, --rounds and --seq-len >= 1, --lookup-len >= 0")
     quiet_third_party(a.verbose)
     manifest = read_manifest(a.dir)
     json_path = check_writable_file(a.json or a.dir / "bench.json")  # before minutes of benchmarking
     verify_files(a.dir, manifest, no_verify=a.no_verify)  # every file it loads; its children trust this check
     context = manifest["model"]["max_seq_len"]
-    prompt_len = a.prompt_len or min(128, context // 2)
-    new_tokens = a.new_tokens or min(128, context - prompt_len)
+    prompt_len = a.prompt_len if a.prompt_len is not None else min(128, context // 2)
+    new_tokens = a.new_tokens if a.new_tokens is not None else min(128, context - prompt_len)
     if prompt_len < 1 or new_tokens < 1 or prompt_len + new_tokens > context:
-        raise UserError(f"--prompt-len + --new-tokens must fit the context of {context} tokens")
+        raise UserError(f"--prompt-len and --new-tokens must be >= 1 and together fit the context of "
+                        f"{context} tokens")
     if a.peers:
         require_peer_extra()  # before minutes of benchmarking, not after
     if not a.no_weight_cache and any(art.format == "pte" for art in manifest["artifacts"]):

@@ -350,10 +350,11 @@ def main(argv=None) -> int:
     if a.dir is None:
         raise UserError("give the export folder whose shape the peers take (see --help)")
     shape = parse_shape_overrides(PeerShape.from_model(_model_dict(a.dir)), a.shape)
-    prompt_len = a.prompt_len or min(128, shape.max_seq_len // 2)
-    new_tokens = a.new_tokens or min(128, shape.max_seq_len - prompt_len)
+    prompt_len = a.prompt_len if a.prompt_len is not None else min(128, shape.max_seq_len // 2)
+    new_tokens = a.new_tokens if a.new_tokens is not None else min(128, shape.max_seq_len - prompt_len)
     if prompt_len < 1 or new_tokens < 1 or prompt_len + new_tokens > shape.max_seq_len:
-        raise UserError(f"--prompt-len + --new-tokens must fit the context of {shape.max_seq_len} tokens")
+        raise UserError(f"--prompt-len and --new-tokens must be >= 1 and together fit the context of "
+                        f"{shape.max_seq_len} tokens")
     folder = check_writable_dir(a.out or a.dir / "peers")
     programs = build_peers(shape, folder)
     if a.build_only:
