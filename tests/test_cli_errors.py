@@ -106,7 +106,8 @@ def test_thread_counts_seeds_and_output_paths_are_checked_first(tmp_path):
             ("hrm_edge.evaluate", (shipped, "--keyboard", "--ngram", tmp_path / "a_file" / "n.npz"), "not writable"),
             ("hrm_edge.demo", (tmp_path, "--host", ""), "--host is empty"),
             ("hrm_edge.bench", (tmp_path, "--seq-len", "0"), "--seq-len >= 1"),  # 0 meant the default
-            ("hrm_edge.peers", (shipped, "--prompt-len", "0"), "--prompt-len and --new-tokens must be >= 1")]:
+            ("hrm_edge.peers", (shipped, "--prompt-len", "0"), "--prompt-len and --new-tokens must be >= 1"),
+            ("hrm_edge.peers", (shipped, "--build-only"), "is a checkpoint folder: give --out")]:
         proc = run_module(module, *args)
         assert_user_error(proc, needle)
         assert "held-out projects" not in proc.stdout and "training speed" not in proc.stdout, (module, args)

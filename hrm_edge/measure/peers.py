@@ -327,7 +327,8 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=path_arg, nargs="?", help="export folder (manifest.json) or checkpoint folder "
                    "(config.json): the peers take its model's shape")
-    p.add_argument("--out", type=path_arg, help="where to build the peers (default DIR/peers)")
+    p.add_argument("--out", type=path_arg, help="where to build the peers (default DIR/peers for an export folder; "
+                                                "required for a checkpoint folder)")
     p.add_argument("--shape", action="append", default=[], metavar="KEY=VALUE",
                    help="change one field of the shape (d_model, n_heads, ffn_hidden, n_layers, vocab_size, max_seq_len, "
                         "rope_theta, norm_eps); repeatable")
@@ -355,6 +356,8 @@ def main(argv=None) -> int:
     if prompt_len < 1 or new_tokens < 1 or prompt_len + new_tokens > shape.max_seq_len:
         raise UserError(f"--prompt-len and --new-tokens must be >= 1 and together fit the context of "
                         f"{shape.max_seq_len} tokens")
+    if a.out is None and not (a.dir / "manifest.json").is_file():  # not into a checkpoint (the shipped one's package)
+        raise UserError(f"{a.dir} is a checkpoint folder: give --out, the folder to build the peers in")
     folder = check_writable_dir(a.out or a.dir / "peers")
     programs = build_peers(shape, folder)
     if a.build_only:
