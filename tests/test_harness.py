@@ -7,6 +7,7 @@ import pytest
 
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, describe_cpu, measure_decode,
                                       peak_rss_mb, run_child)
+from hrm_edge.errors import UserError
 from hrm_edge.runtime.decoders import Decoder
 from test_peers import BENCH_DECODE_KEYS
 
@@ -101,8 +102,11 @@ def test_measure_decode_row_has_the_bench_keys_and_its_numbers():
 
 
 def test_a_failing_child_is_one_error_with_its_stderr(tmp_path):
-    with pytest.raises(RuntimeError, match="unknown artifact type: program.xyz"):
+    """A child's user error (exit code 2) is the parent's, its one line; any other failure keeps the stderr."""
+    with pytest.raises(UserError, match="^unknown artifact type: program.xyz$"):
         run_child(["decode", tmp_path, "program.xyz"], threads=1)
+    with pytest.raises(RuntimeError, match=r"(?s)failed:.*error: argument kind: invalid choice"):
+        run_child(["nonsense", tmp_path, "program.xyz"], threads=1)
 
 
 def test_build_unless_current_rebuilds_on_new_inputs_or_changed_files(tmp_path):

@@ -154,6 +154,14 @@ def test_a_config_that_is_not_the_manifests_model_is_refused(export_dir):
         verify_files(export_dir, read_manifest(export_dir), [CONFIG])
 
 
+def test_bench_no_verify_on_a_file_that_is_not_onnx(export_dir):
+    """--no-verify runs what it finds: a file that is not ONNX is one line naming it (it was the benchmark child's
+    traceback), not a RuntimeError carrying the child's stderr."""
+    proc = run_module("hrm_edge.bench", export_dir, "--no-verify", "--repeats", "1", "--rounds", "1", "--no-baseline",
+                      "--prompt-len", "8", "--new-tokens", "4")
+    assert_user_error(proc, f"onnxruntime cannot load {FAKE_KV}", "INVALID_PROTOBUF")
+
+
 @pytest.mark.parametrize("name, args", [("model.safetensors", ["--runtime", "eager"]),
                                         ("config.json", ["--runtime", "eager"]),
                                         ("tokenizer.json", ["--runtime", "eager"]),
@@ -171,7 +179,7 @@ def test_complete_refuses_a_flipped_byte_and_no_verify_loads_it(export_dir, name
     proc = run_module("hrm_edge.complete", "--artifacts", export_dir, *args, "--max-new-tokens", "4", "--no-verify",
                       "def ")
     if name == FAKE_KV:  # it is loaded, and onnxruntime cannot parse it: still one line, naming it
-        assert_user_error(proc, f"onnx cannot load {FAKE_KV}")
+        assert_user_error(proc, f"onnxruntime cannot load {FAKE_KV}")
     elif name == TOKENIZER and proc.returncode == 2:  # the flip hit the JSON's structure: one line, naming it
         assert_user_error(proc, f"{TOKENIZER} is not a valid tokenizer.json")
     else:

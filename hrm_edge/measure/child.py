@@ -29,7 +29,7 @@ from hrm_edge.measure.harness import DecodeTiming, measure_decode, measure_forwa
 from hrm_edge.measure.peers import peer_decoder
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.runtime.adaptive import AdaptiveDecoder, TopProbRule, generate_adaptive
-from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, generate, ort_session
+from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, generate, load_pte, ort_session
 from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder, RoundPlan, generate_speculative
 from hrm_edge.runtime.manifest import read_manifest
 from hrm_edge.runtime.xnnpack_options import set_weight_cache
@@ -116,7 +116,7 @@ def forward_loader(folder: Path, artifact: str, threads: int, tokens: np.ndarray
         x = torch.from_numpy(tokens).contiguous()
 
         def load():
-            method = Runtime.get().load_program(str(folder / artifact)).load_method("forward")
+            method = load_pte(Runtime.get(), folder / artifact).load_method("forward")
             return lambda: method.execute([x])
     else:
         raise UserError(f"unknown artifact type: {artifact}")

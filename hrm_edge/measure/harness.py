@@ -143,6 +143,9 @@ def run_child(args: list[str], threads: int, verbose: bool = False) -> dict:
     if verbose and proc.stderr:
         sys.stderr.write(proc.stderr)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    if proc.returncode == 2 and errors:  # the child's user error (a file it cannot load): its line, not its log
+        raise UserError(errors[-1].removeprefix("error: "))
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"benchmark child {' '.join(map(str, args))} failed:\n{proc.stderr[-2000:]}")
     return json.loads(lines[-1])

@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
+from hrm_edge.errors import UserError, first_line
 from hrm_edge.runtime.healing import Heal, shape_logits
 from hrm_edge.runtime.xnnpack_options import set_weight_cache
 
@@ -28,7 +29,19 @@ def ort_session(path: Path, threads: int = 0, profile: bool = False) -> ort.Infe
     if threads:
         so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.enable_profiling = profile
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # a file cut short or not ONNX, loaded unverified (--no-verify): one line naming it
+        raise UserError(f"onnxruntime cannot load {Path(path).name}: {first_line(e)}") from None
+
+
+def load_pte(runtime, path: Path):
+    """An ExecuTorch program from `runtime` (executorch.runtime.Runtime.get()); a file cut short or not a program,
+    loaded unverified (--no-verify), is one line naming it."""
+    try:
+        return runtime.load_program(str(path))
+    except Exception as e:
+        raise UserError(f"executorch cannot load {Path(path).name}: {first_line(e)}") from None
 
 
 class Decoder:
@@ -135,7 +148,7 @@ class PteDecoder(Decoder):
         if weight_cache is not None:
             set_weight_cache(weight_cache)  # read when the program's delegates are initialised, at load
         self.torch = torch
-        self.program = Runtime.get().load_program(str(path))
+        self.program = load_pte(Runtime.get(), path)
         self.method = self.program.load_method("forward")
         self.max_seq_len = int(self.program.load_method("get_max_seq_len").execute([])[0])
         self.pos = 0
