@@ -45,6 +45,10 @@ def test_resume_is_checked_before_the_corpus_is_read(tmp_path):
     ckpt.mkdir()
     for f in (REPO / "hrm_edge" / "default_model").iterdir():
         (ckpt / f.name).write_bytes(f.read_bytes())
+    proc = run_module("hrm_edge.train", "--preset", "tiny", "--out", ckpt)  # a new run would start over in it
+    assert_user_error(proc, f"--out {ckpt} holds a checkpoint: pass --resume to continue it")
+    assert_user_error(run_module("hrm_edge.train", "--preset", "tiny", "--out", tmp_path),
+                      f"--out {tmp_path} holds other files (ckpt)")
     proc = run_module("hrm_edge.train", "--preset", "tiny", "--out", ckpt, "--resume")
     assert_user_error(proc, "was trained with preset 'default', not 'tiny'", "--preset default")
     assert proc.stdout == ""

@@ -31,8 +31,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from hrm_edge.model.checkpoint import (OPTIMIZER, STATE, TOKENIZER, check_checkpoint, load_model, load_optimizer,
-                                      load_train_state, save_checkpoint)
+from hrm_edge.model.checkpoint import (CONFIG, OPTIMIZER, STATE, TOKENIZER, check_checkpoint, load_model,
+                                      load_optimizer, load_train_state, save_checkpoint)
 from hrm_edge.config import Preset, load_preset
 from hrm_edge.train.dataset import (Corpus, bytes_per_token, check_corpus, encode_documents, fixed_windows, load_corpus,
                                     random_batch)
@@ -168,6 +168,18 @@ def check_resume(preset: Preset, out: Path) -> None:
     if trained_with != preset.name:
         raise UserError(f"--resume: {out} was trained with preset {trained_with!r}, not {preset.name!r}; "
                         f"resume it with --preset {trained_with}")
+
+
+def check_new_run_folder(out: Path) -> None:
+    """A run without --resume writes a new checkpoint into `out`: a folder that is new or empty. One that holds a
+    checkpoint would be overwritten from step 0 (--resume continues it); one of other files would get mixed in."""
+    entries = sorted(p.name for p in Path(out).iterdir()) if Path(out).is_dir() else []
+    if STATE in entries or CONFIG in entries:
+        raise UserError(f"--out {out} holds a checkpoint: pass --resume to continue it, or choose a new folder "
+                        "(a new run would overwrite it)")
+    if entries:
+        shown = ", ".join(entries[:3]) + (", …" if len(entries) > 3 else "")
+        raise UserError(f"--out {out} holds other files ({shown}); train into a new or empty folder")
 
 
 def _model_and_state(preset: Preset, out: Path, corpus: Corpus, tok, resume: bool, n_train: int, n_val: int):
@@ -468,6 +480,9 @@ def main(argv=None) -> int:
         if distributed:
             # before joining: a rank that left after its own join (on this error) broke rank 0's still under way
             check_batch_split(preset.train.batch_size, int(os.environ.get("WORLD_SIZE", 1)))
+        if not a.resume:
+            check_new_run_folder(a.out)
+        if distributed:
             _init_distributed()
         state = train(preset, a.out, resume=a.resume, progress=not a.no_progress)
     except UserError:
