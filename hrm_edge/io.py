@@ -72,6 +72,14 @@ def path_arg(text: str) -> Path:
     return Path(text)
 
 
+def text_arg(text: str) -> str:
+    """argparse type of a flag that names something (a corpus, int8 modes, CPU models): an empty value (an unset
+    shell variable) is refused instead of meaning the default, or nothing."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty value (an unset shell variable?)")
+    return text
+
+
 def refuse_unused(parser: argparse.ArgumentParser, args: argparse.Namespace, flags: tuple[str, ...], mode: str) -> None:
     """Flags that only shape `mode` (a flag of its own): a user error when one is set to other than its default while
     `mode` is off, instead of being ignored without a word (`--draft-len 8` without `--speculative`)."""

@@ -130,6 +130,19 @@ def test_an_empty_path_is_not_the_working_folder(module, args, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("module, flag", [("hrm_edge.train", "--corpus"), ("hrm_edge.export", "--corpus"),
+                                          ("hrm_edge.export", "--int8"), ("hrm_edge.export", "--calib-corpus"),
+                                          ("hrm_edge.study", "--corpus"), ("hrm_edge.evaluate", "--corpus"),
+                                          ("hrm_edge.parity", "--cpu")])
+def test_an_empty_value_is_not_the_default(module, flag, tmp_path):
+    """`--corpus "$CORPUS"` with CORPUS unset trained on the default corpus; `--int8 ""` exported no int8 artifact."""
+    args = {"hrm_edge.evaluate": ["hrm_edge/default_model"], "hrm_edge.parity": [tmp_path]}.get(module, [])
+    proc = run_module(module, *args, flag, "", "--out" if module != "hrm_edge.parity" else "--formats",
+                      tmp_path / "o" if module != "hrm_edge.parity" else "onnx", cwd=tmp_path)
+    assert proc.returncode == 2 and f"argument {flag}: an empty value" in proc.stderr, proc.stderr[-800:]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_evaluate_modes_are_one_at_a_time():
     """--depth-curve, --keyboard and --repetition are each an evaluation "instead": two of them are refused (the
     repetition run used to ignore --keyboard)."""

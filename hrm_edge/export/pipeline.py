@@ -42,7 +42,7 @@ from hrm_edge.export.quantize import (NBITS_BLOCK, all_linear_int8_names, dynami
                                       static_onnx_quantization, static_plan)
 from hrm_edge.export.workers import init_worker
 from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
-                         sha256_file, staging_folder, path_arg, removed_if_failed)
+                         sha256_file, staging_folder, path_arg, removed_if_failed, text_arg)
 from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, check_checkpoint, configs_for, copy_model_files,
                                        load_model, load_train_state)
 from hrm_edge.model.eager import EagerDecoder
@@ -775,13 +775,14 @@ def main(argv=None) -> int:
                      help="export this checkpoint folder (config.json, model.safetensors, tokenizer.json) instead of "
                           "training")
     p.add_argument("--out", type=path_arg, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
-    p.add_argument("--corpus", help="text file or folder of UTF-8 text, or pypi; also the source of the held-out "
-                                    "parity windows (default: the checkpoint's or preset's corpus; for the shipped "
-                                    "model, the Python standard library, which it never trained on)")
+    p.add_argument("--corpus", type=text_arg,
+                   help="text file or folder of UTF-8 text, or pypi; also the source of the held-out "
+                        "parity windows (default: the checkpoint's or preset's corpus; for the shipped "
+                        "model, the Python standard library, which it never trained on)")
     p.add_argument("--steps", type=int, help="override the preset's training steps")
     p.add_argument("--parity-samples", type=int, default=8, help="validation windows for the parity gate (default 8)")
     p.add_argument("--formats", default="onnx,pte", help="comma-separated subset of onnx,pte (default: both)")
-    p.add_argument("--int8",
+    p.add_argument("--int8", type=text_arg,
                    help="quantized artifacts to add: comma-separated subset of static,static-shared,dynamic,8da4w,pt2e,"
                         "nbits, or none (default: the preset's [quant] int8_modes: static,dynamic for tiny, static,dynamic,nbits "
                         "for default and the shipped model). nbits: ONNX graphs with 8-bit and with 4-bit weights in onnxruntime's MatMulNBits "
@@ -793,7 +794,8 @@ def main(argv=None) -> int:
                         "pt2e: ExecuTorch program with static PT2E XNNPACKQuantizer int8 (per-step scales by "
                         "construction; its quality is below the gate on the tiny preset, see README)")
     p.add_argument("--calib-samples", type=int, help="calibration windows (default: the preset's, 32)")
-    p.add_argument("--calib-corpus", help="text file or folder to calibrate on instead of the corpus's calibration split")
+    p.add_argument("--calib-corpus", type=text_arg,
+                   help="text file or folder to calibrate on instead of the corpus's calibration split")
     p.add_argument("--cycles", help="depth dial: also export the model run with K outer cycles (comma-separated, "
                    "1..H_cycles, e.g. 1); each depth gets an ONNX graph and a KV-cache .pte, gated against the eager "
                    "model at that depth, and the manifest's depth_dial lists each depth's perplexity")

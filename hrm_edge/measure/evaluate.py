@@ -26,7 +26,8 @@ import numpy as np
 
 from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import UserError, run_cli
-from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file, path_arg, refuse_unused
+from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, path_arg, refuse_unused,
+                         text_arg)
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
 from hrm_edge.runtime.decoders import Sampling, generate
@@ -145,7 +146,8 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", type=path_arg, nargs="+", help="checkpoint folders (config.json, model.safetensors, "
                                                                "tokenizer.json)")
-    p.add_argument("--corpus", default="pypi", help="a built corpus (default: pypi, python -m hrm_edge.corpus)")
+    p.add_argument("--corpus", type=text_arg,
+                   default="pypi", help="a built corpus (default: pypi, python -m hrm_edge.corpus)")
     p.add_argument("--max-bytes", type=int, default=200_000,
                    help="text per held-out project: its first whole files up to this many bytes (default 200000)")
     p.add_argument("--seq-len", type=int, default=256, help="context per window, at most each model's (default 256)")

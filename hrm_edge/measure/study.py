@@ -35,7 +35,7 @@ from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig
 from hrm_edge.errors import UserError
 from hrm_edge.export.names import artifact_name
 from hrm_edge.export.pipeline import versions
-from hrm_edge.io import atomic_write_text, check_writable_dir, sha256_file, path_arg
+from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, sha256_file, text_arg
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
                                       lower_kv_pte)
 from hrm_edge.quiet import quiet_third_party
@@ -512,8 +512,9 @@ def main(argv=None) -> int:
     p.add_argument("--resume", action="store_true",
                    help="continue the study in --out: keep finished models, continue an interrupted one from "
                         "its last checkpoint (without it, --out must not hold a study yet)")
-    p.add_argument("--corpus", help="text file or folder of UTF-8 text, or pypi (default: the budget's: the stdlib "
-                                    "source for quick, the pinned PyPI corpus for full)")
+    p.add_argument("--corpus", type=text_arg,
+                   help="text file or folder of UTF-8 text, or pypi (default: the budget's: the stdlib "
+                        "source for quick, the pinned PyPI corpus for full)")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads for training, tokenizing and lowering (default 0: all cores)")
     p.add_argument("--decode-threads", type=int, default=1, help="threads of the int8 decode measurement (default 1)")

@@ -38,7 +38,7 @@ from hrm_edge.train.dataset import (Corpus, bytes_per_token, check_corpus, encod
                                     random_batch)
 from hrm_edge.train.halting import train_halting_head
 from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, removed_if_failed
+from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, removed_if_failed, text_arg
 from hrm_edge.model.lm import HRMLM, parameter_counts
 from hrm_edge.train.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -435,7 +435,8 @@ def main(argv=None) -> int:
     p.add_argument("--preset", default="default", help="preset name in hrm_edge/train/presets/ or a .toml path (default: default)")
     p.add_argument("--out", type=path_arg,
                    help="checkpoint folder to write (created if missing); required unless --speed-test")
-    p.add_argument("--corpus", help="text file or folder of UTF-8 text files (default: the Python stdlib source)")
+    p.add_argument("--corpus", type=text_arg,
+                   help="text file or folder of UTF-8 text files (default: the Python stdlib source)")
     p.add_argument("--steps", type=int, help="override the preset's number of optimizer steps")
     p.add_argument("--seed", type=int, help="override the preset's seed")
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_path, atomic_write_text, sha256_file, path_arg
+from hrm_edge.io import atomic_path, atomic_write_text, path_arg, sha256_file, text_arg
 from hrm_edge.runtime.adaptive import (BRANCH_TOKENS, BRANCH_WINDOWS, DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder,
                                       TopProbRule, adaptive_decode_logits, reference_name)
 from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
@@ -614,7 +614,7 @@ def main(argv=None, target_main=None) -> int:
                         "fetches an arm64 Python, qemu-aarch64 and aarch64 wheels into ~/.cache/hrm-edge/aarch64 "
                         "($XDG_CACHE_HOME): ~0.2 GB for ONNX/ORT, ~4.5 GB with .pte (torch links CUDA libraries), "
                         "see python -m hrm_edge.arm64 --help")
-    p.add_argument("--cpu", default=None, metavar="MODELS",
+    p.add_argument("--cpu", type=text_arg, default=None, metavar="MODELS",
                    help="with --target aarch64: comma-separated QEMU CPU models (default cortex-a76,max: a phone-class "
                         "Armv8.2 core with NEON + dot product, and QEMU's all-features model with i8mm/SVE/SME, so "
                         "different int8 kernels run)")
