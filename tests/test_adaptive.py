@@ -23,7 +23,7 @@ from hrm_edge.runtime.adaptive import AdaptiveDecoder, TopProbRule, adaptive_dec
 from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits, generate
 from hrm_edge.runtime.manifest import MANIFEST_FORMAT, Artifact, sha256_file
 from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder
-from hrm_edge.train.halting import fit_head, head_report, train_halting_head
+from hrm_edge.train.halting import _trained_corpus, fit_head, head_report, train_halting_head
 from hrm_edge.verify.parity import FP32_TOLERANCE, _adaptive_rows, adaptive_check
 from hrm_edge.verify.reference import adaptive_references
 from hrm_edge.train.tokenizer import load_tokenizer
@@ -129,6 +129,16 @@ def tiny_checkpoint_with_head(tmp_path_factory):
     corpus = REPO / "hrm_edge" / "model"  # a text folder: its training split
     report = train_halting_head(ckpt, str(corpus), windows=20, seq_len=64, log=lambda *_: None)
     return ckpt, before, report
+
+
+def test_the_halting_head_trains_on_the_checkpoints_own_corpus(tmp_path):
+    """"" in train_state.json is the standard library (what the checkpoint trained on), not a missing corpus: it
+    was taken for the default, pypi."""
+    for data, corpus in [({"corpus": ""}, ""), ({"corpus": "/some/text"}, "/some/text"), ({}, "pypi")]:
+        (tmp_path / "train_state.json").write_text(json.dumps({"data": data}))
+        assert _trained_corpus(tmp_path) == corpus
+    (tmp_path / "train_state.json").unlink()
+    assert _trained_corpus(tmp_path) == "pypi"
 
 
 def test_train_halting_head_writes_only_its_file(tiny_checkpoint_with_head):

@@ -49,11 +49,18 @@ def test_resume_is_checked_before_the_corpus_is_read(tmp_path):
     assert_user_error(proc, f"--out {ckpt} holds a checkpoint: pass --resume to continue it")
     assert_user_error(run_module("hrm_edge.train", "--preset", "tiny", "--out", tmp_path),
                       f"--out {tmp_path} holds other files (ckpt)")
+    early = tmp_path / "stopped_early"  # a run stopped before its first checkpoint: a new run starts over in it
+    early.mkdir()
+    (early / "tokenizer.json").write_text("{}")
+    (early / "train_speed.json").write_text("{}")
+    proc = run_module("hrm_edge.train", "--preset", "tiny", "--out", early, "--corpus", tmp_path / "nope")
+    assert_user_error(proc, "corpus not found")  # past the folder check
     proc = run_module("hrm_edge.train", "--preset", "tiny", "--out", ckpt, "--resume")
-    assert_user_error(proc, "was trained with preset 'default', not 'tiny'", "--preset default")
+    assert_user_error(proc, "was trained with the preset named 'default', not 'tiny'")
     assert proc.stdout == ""
     (ckpt / "train_state.json").write_text('{"step": 12, "pres')
-    assert_user_error(run_module("hrm_edge.train", "--out", ckpt, "--resume"), "train_state.json is not readable JSON")
+    assert_user_error(run_module("hrm_edge.train", "--preset", "tiny", "--out", ckpt, "--resume"),
+                      "train_state.json is not readable JSON")
     (ckpt / "halting.safetensors").unlink()
     (ckpt / "halting.safetensors").mkdir()
     proc = run_module("hrm_edge.train", "--halting-head", ckpt, "--corpus", tmp_path / "nope")

@@ -105,7 +105,7 @@ def parse_pte_programs(text: str, int8: tuple | None) -> tuple[str, ...]:
 
 
 def check_no_idle_flags(formats: tuple, int8: tuple | None, pte_programs_given: bool, steps_given: bool,
-                        preset: str | None) -> None:
+                        checkpoint: Path | None) -> None:
     """Flags that would do nothing with the others given: refused, not ignored without a word (`--formats onnx
     --int8 dynamic` exported no int8 artifact)."""
     if pte_programs_given and "pte" not in formats:
@@ -114,7 +114,7 @@ def check_no_idle_flags(formats: tuple, int8: tuple | None, pte_programs_given: 
     if idle:
         raise UserError(f"--int8 {','.join(idle)} makes {' and '.join(sorted({INT8_FORMATS[m] for m in idle}))} "
                         "artifacts, which --formats leaves out")
-    if steps_given and preset is None:
+    if steps_given and checkpoint is not None:
         raise UserError("--steps sets the training of a --preset; a checkpoint (the shipped model by default) is "
                         "exported as it is")
 
@@ -813,7 +813,6 @@ def main(argv=None) -> int:
         raise UserError(f"--formats: unknown format(s) {', '.join(bad) or '(none given)'}; choose from onnx, pte")
     int8 = parse_int8_modes(a.int8) if a.int8 is not None else None
     pte_programs = parse_pte_programs(a.pte_programs, int8)
-    check_no_idle_flags(formats, int8, a.pte_programs != p.get_default("pte_programs"), a.steps is not None, a.preset)
     if a.parity_samples < 1 or (a.calib_samples is not None and a.calib_samples < 1):
         raise UserError("--parity-samples and --calib-samples must be >= 1")
     try:
@@ -823,6 +822,7 @@ def main(argv=None) -> int:
     checkpoint = a.checkpoint
     if checkpoint is None and a.preset is None and SHIPPED_CHECKPOINT.is_dir():
         checkpoint = SHIPPED_CHECKPOINT
+    check_no_idle_flags(formats, int8, a.pte_programs != p.get_default("pte_programs"), a.steps is not None, checkpoint)
     ok = export_all(a.out, ExportOptions(preset=a.preset, checkpoint=checkpoint, corpus=a.corpus, steps=a.steps,
                                          parity_samples=a.parity_samples, formats=formats, int8=int8,
                                          calib_samples=a.calib_samples, calib_corpus=a.calib_corpus, cycles=cycles,

@@ -116,7 +116,7 @@ def forward_loader(folder: Path, artifact: str, threads: int, tokens: np.ndarray
         x = torch.from_numpy(tokens).contiguous()
 
         def load():
-            method = load_pte(Runtime.get(), folder / artifact).load_method("forward")
+            _, method = load_pte(Runtime.get(), folder / artifact)
             return lambda: method.execute([x])
     else:
         raise UserError(f"unknown artifact type: {artifact}")

@@ -35,11 +35,12 @@ def ort_session(path: Path, threads: int = 0, profile: bool = False) -> ort.Infe
         raise UserError(f"onnxruntime cannot load {Path(path).name}: {first_line(e)}") from None
 
 
-def load_pte(runtime, path: Path):
-    """An ExecuTorch program from `runtime` (executorch.runtime.Runtime.get()); a file cut short or not a program,
-    loaded unverified (--no-verify), is one line naming it."""
+def load_pte(runtime, path: Path, method: str = "forward"):
+    """(program, its `method`) of an ExecuTorch file, from `runtime` (executorch.runtime.Runtime.get()); a file cut
+    short or not a program, loaded unverified (--no-verify), is one line naming it."""
     try:
-        return runtime.load_program(str(path))
+        program = runtime.load_program(str(path))
+        return program, program.load_method(method)
     except Exception as e:
         raise UserError(f"executorch cannot load {Path(path).name}: {first_line(e)}") from None
 
@@ -148,8 +149,7 @@ class PteDecoder(Decoder):
         if weight_cache is not None:
             set_weight_cache(weight_cache)  # read when the program's delegates are initialised, at load
         self.torch = torch
-        self.program = load_pte(Runtime.get(), path)
-        self.method = self.program.load_method("forward")
+        self.program, self.method = load_pte(Runtime.get(), path)
         self.max_seq_len = int(self.program.load_method("get_max_seq_len").execute([])[0])
         self.pos = 0
 

@@ -78,7 +78,7 @@ def train_halting_head(ckpt: Path, corpus: str | None = None, windows: int = 160
     """Train and save CHECKPOINT/halting.safetensors; returns the held-back examples' report."""
     check_checkpoint(ckpt)  # where the head is trained from and written to, and its text, before the training
     check_writable_file(Path(ckpt) / HALTING)
-    corpus = corpus or _trained_corpus(ckpt)
+    corpus = _trained_corpus(ckpt) if corpus is None else corpus
     check_corpus(corpus)
     model = load_model(ckpt)
     try:
@@ -99,6 +99,6 @@ def train_halting_head(ckpt: Path, corpus: str | None = None, windows: int = 160
 
 
 def _trained_corpus(ckpt: Path) -> str:
-    """The corpus the checkpoint was trained on (train_state.json), else the default (pypi)."""
+    """The corpus the checkpoint was trained on (train_state.json; "" is the standard library), else pypi."""
     corpus = load_train_state(ckpt).get("data", {}).get("corpus")
-    return corpus or "pypi"
+    return "pypi" if corpus is None else corpus

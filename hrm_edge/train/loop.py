@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from hrm_edge.model.checkpoint import (CONFIG, OPTIMIZER, STATE, TOKENIZER, check_checkpoint, load_model,
+from hrm_edge.model.checkpoint import (CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, check_checkpoint, load_model,
                                       load_optimizer, load_train_state, save_checkpoint)
 from hrm_edge.config import Preset, load_preset
 from hrm_edge.train.dataset import (Corpus, bytes_per_token, check_corpus, encode_documents, fixed_windows, load_corpus,
@@ -166,17 +166,22 @@ def check_resume(preset: Preset, out: Path) -> None:
     check_checkpoint(out)
     trained_with = load_train_state(out).get("preset")
     if trained_with != preset.name:
-        raise UserError(f"--resume: {out} was trained with preset {trained_with!r}, not {preset.name!r}; "
-                        f"resume it with --preset {trained_with}")
+        raise UserError(f"--resume: {out} was trained with the preset named {trained_with!r}, not {preset.name!r}; "
+                        "resume it with that preset (a name in presets/, or the .toml file of that name)")
+
+
+RUN_FILES = (CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, "train_speed.json")  # a run's files before its train_state.json
 
 
 def check_new_run_folder(out: Path) -> None:
-    """A run without --resume writes a new checkpoint into `out`: a folder that is new or empty. One that holds a
-    checkpoint would be overwritten from step 0 (--resume continues it); one of other files would get mixed in."""
+    """A run without --resume writes a new checkpoint into `out`: a folder that is new, empty, or holds only what a
+    run writes before its first checkpoint (one stopped early: started over). One that holds a checkpoint would be
+    overwritten from step 0 (--resume continues it); one of other files would get mixed in."""
     entries = sorted(p.name for p in Path(out).iterdir()) if Path(out).is_dir() else []
-    if STATE in entries or CONFIG in entries:
+    if STATE in entries:
         raise UserError(f"--out {out} holds a checkpoint: pass --resume to continue it, or choose a new folder "
                         "(a new run would overwrite it)")
+    entries = [e for e in entries if e not in RUN_FILES and not e.startswith(".")]
     if entries:
         shown = ", ".join(entries[:3]) + (", …" if len(entries) > 3 else "")
         raise UserError(f"--out {out} holds other files ({shown}); train into a new or empty folder")
