@@ -3,6 +3,7 @@ Greedy output must equal full-depth greedy decoding token for token; sampling mu
 distribution."""
 import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,8 +34,13 @@ def shipped():
     return load_model(SHIPPED), load_tokenizer(SHIPPED / "tokenizer.json")
 
 
+CODE_SAMPLE = Path(__file__).parent / "code_sample.txt"  # real code, frozen: the model's drafts on it are known
+
+
 def code_prompt(start: int, n_bytes: int = 200) -> list[int]:
-    text = (REPO / "hrm_edge" / "runtime" / "decoders.py").read_text()[start: start + n_bytes]
+    """Tokens of a piece of code_sample.txt (the start of an earlier runtime/decoders.py, kept as it was: prompts cut
+    from the live file changed whenever it was edited, and with them whether a draft is ever corrected)."""
+    text = CODE_SAMPLE.read_text()[start: start + n_bytes]
     return shipped()[1].encode(text).ids
 
 
