@@ -147,6 +147,20 @@ def test_verify_files_names_the_modified_file_and_no_verify_skips_it(export_dir)
         verify_files(export_dir, manifest, ["tokenizer.json"], no_verify=True)  # missing is never skipped
 
 
+@pytest.mark.parametrize("command", ["bench", "parity", "peers", "complete"])
+def test_a_manifest_without_its_model_or_bundle_is_one_line(export_dir, command):
+    """Every export writes "model", "tokenizer" and "parity_bundle"; a manifest without one (edited by hand) was a
+    KeyError deep in bench, parity, peers and complete. Readers that do not need them (tests' small manifests) are
+    not affected: the commands check what they read."""
+    needs = {"peers": ("model",), "complete": ("model", "tokenizer")}.get(command, ("model", "parity_bundle"))
+    for drop in needs:
+        edit_manifest(export_dir, lambda m: m.pop(drop))
+        args = ["--artifacts", export_dir, "def "] if command == "complete" else [export_dir]
+        assert_user_error(run_module(f"hrm_edge.{command}", *args), f"has no '{drop}' entry", "re-export")
+        shutil.rmtree(export_dir)
+        mini_export(export_dir)
+
+
 def test_a_config_that_is_not_the_manifests_model_is_refused(export_dir):
     cfg = json.loads((export_dir / CONFIG).read_text())
     (export_dir / CONFIG).write_text(json.dumps(cfg | {"rope_theta": 500.0}))

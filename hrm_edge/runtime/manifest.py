@@ -121,6 +121,15 @@ def read_manifest(out_dir: Path) -> dict:
     return manifest
 
 
+def require_entries(out_dir: Path, manifest: dict, keys: tuple[str, ...]) -> None:
+    """A command that reads these entries (every export writes them) refuses a manifest without one, in one line:
+    a hand-edited or foreign manifest.json was a KeyError deep in the command."""
+    missing = [k for k in keys if not isinstance(manifest.get(k), dict)]
+    if missing:
+        raise UserError(f"{Path(out_dir) / MANIFEST} has no {', '.join(repr(k) for k in missing)} entry (every export "
+                        "writes it): re-export the folder")
+
+
 def check_structure(path: Path, manifest: dict) -> None:
     """The parts readers index without looking: a user error (not a KeyError or TypeError) if one is malformed."""
     if not isinstance(manifest.get("model", {}), dict):
