@@ -64,20 +64,27 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _not_empty(text: str, what: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"an empty {what} (an unset shell variable?)")
+    return text
+
+
 def path_arg(text: str) -> Path:
     """argparse type of every path flag: an empty path (an unset shell variable: `--out "$OUT"`) is refused instead
     of meaning the working folder."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path (an unset shell variable?)")
-    return Path(text)
+    return Path(_not_empty(text, "path"))
 
 
 def text_arg(text: str) -> str:
     """argparse type of a flag that names something (a corpus, int8 modes, CPU models): an empty value (an unset
     shell variable) is refused instead of meaning the default, or nothing."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty value (an unset shell variable?)")
-    return text
+    return _not_empty(text, "value")
+
+
+def some_names(names: list[str], shown: int = 3) -> str:
+    """The first few of `names` for a one-line error ("a, b, c, …")."""
+    return ", ".join(names[:shown]) + (", …" if len(names) > shown else "")
 
 
 def refuse_unused(parser: argparse.ArgumentParser, args: argparse.Namespace, flags: tuple[str, ...], mode: str) -> None:

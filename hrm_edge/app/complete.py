@@ -29,7 +29,7 @@ from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, Sampling, generat
 from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY, heal_prompt, token_bytes
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, DEFAULT_LOOKUP_LEN, OnnxSpeculativeDecoder,
                                           PteSpeculativeDecoder, RoundPlan, generate_speculative, speculative_set)
-from hrm_edge.runtime.manifest import Artifact, read_manifest, require_entries, verify_files
+from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
 from hrm_edge.train.tokenizer import eos_id, load_tokenizer
 
 RUNTIMES = ("executorch", "onnx", "eager")
@@ -235,8 +235,7 @@ def main(argv=None) -> int:
     if not 1 <= a.repetition_penalty <= 10:
         raise UserError("--repetition-penalty must be in [1, 10] (1 = off)")
     prompt = read_prompt(a.prompt)
-    manifest = read_manifest(a.artifacts)
-    require_entries(a.artifacts, manifest, ("model", "tokenizer"))
+    manifest = read_manifest(a.artifacts, needs=("model", "tokenizer"))
     t_verify = time.perf_counter()
     if not 1 <= a.draft_len <= 16 or not 0 <= a.lookup_len <= 64:
         raise UserError("--draft-len must be in 1..16, --lookup-len in 0..64")

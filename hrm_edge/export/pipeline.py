@@ -41,8 +41,8 @@ from hrm_edge.export.quantize import (NBITS_BLOCK, all_linear_int8_names, dynami
                                       static_int8_names, static_int8_pt2e_model, static_int8_reference,
                                       static_onnx_quantization, static_plan)
 from hrm_edge.export.workers import init_worker
-from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, publish,
-                         sha256_file, staging_folder, path_arg, removed_if_failed, text_arg)
+from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, path_arg, publish,
+                         removed_if_failed, sha256_file, some_names, staging_folder, text_arg)
 from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, check_checkpoint, configs_for, copy_model_files,
                                        load_model, load_train_state)
 from hrm_edge.model.eager import EagerDecoder
@@ -254,9 +254,8 @@ def check_output_folder(out: Path, checkpoint: Path | None) -> None:
     check_writable_dir(out)
     if entries and MANIFEST not in entries and EXPORT_MARKER not in entries and not (
             checkpoint is not None and Path(checkpoint).resolve() == out.resolve()):
-        shown = ", ".join(entries[:3]) + (", …" if len(entries) > 3 else "")
-        raise UserError(f"--out {out} is not an export folder and holds other files ({shown}); refusing to mix an "
-                        "export into it: choose a new or empty folder, or an earlier export's")
+        raise UserError(f"--out {out} is not an export folder and holds other files ({some_names(entries)}); "
+                        "refusing to mix an export into it: choose a new or empty folder, or an earlier export's")
 
 
 # ---- the stages, in the order export_stages runs them ----

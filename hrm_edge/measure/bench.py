@@ -40,7 +40,7 @@ from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_in
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.measure.peers import PeerShape, build_peers, require_peer_extra
 from hrm_edge.model.checkpoint import save_model
-from hrm_edge.runtime.manifest import Artifact, read_manifest, require_entries, verify_files
+from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
 from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD
 from hrm_edge.runtime.speculative import DEFAULT_DRAFT_LEN as DRAFT_LEN, DEFAULT_LOOKUP_LEN, speculative_set
 from hrm_edge.runtime.xnnpack_options import child_flags, weight_cache_enabled
@@ -484,8 +484,7 @@ def main(argv=None) -> int:
     if not 1 <= a.threads <= 256 or a.repeats < 1 or a.rounds < 1 or a.lookup_len < 0 or not seq_len_ok:
         raise UserError("--threads must be in 1..256, --repeats, --rounds and --seq-len >= 1, --lookup-len >= 0")
     quiet_third_party(a.verbose)
-    manifest = read_manifest(a.dir)
-    require_entries(a.dir, manifest, ("model", "tokenizer", "parity_bundle"))
+    manifest = read_manifest(a.dir, needs=("model", "tokenizer", "parity_bundle"))
     json_path = check_writable_file(a.json or a.dir / "bench.json")  # before minutes of benchmarking
     verify_files(a.dir, manifest, no_verify=a.no_verify)  # every file it loads; its children trust this check
     context = manifest["model"]["max_seq_len"]

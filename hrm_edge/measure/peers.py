@@ -39,7 +39,7 @@ from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_fi
 from hrm_edge.measure.harness import DecodeTiming, cpu_info, decode_in_child, describe_cpu
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.decoders import Decoder, PteDecoder, ort_session
-from hrm_edge.runtime.manifest import read_manifest, require_entries
+from hrm_edge.runtime.manifest import read_manifest
 
 MARKER = "peers.json"
 PEER_FILES = ("llama.fp32.pte", "llama.8da4w.pte", "llama.fp32.onnx", "llama.int8.onnx")
@@ -319,9 +319,7 @@ def _model_dict(folder: Path) -> dict:
     """The model config of an export folder (its manifest) or of a checkpoint folder (its config.json)."""
     if (folder / "config.json").is_file() and not (folder / "manifest.json").is_file():
         return json.loads((folder / "config.json").read_text())
-    manifest = read_manifest(folder)
-    require_entries(folder, manifest, ("model",))
-    return manifest["model"]
+    return read_manifest(folder, needs=("model",))["model"]
 
 
 def main(argv=None) -> int:

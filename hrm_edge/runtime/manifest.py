@@ -96,8 +96,10 @@ def manifest_json(manifest: dict) -> str:
     return json.dumps(manifest | {"artifacts": [a.to_json() for a in manifest["artifacts"]]}, indent=2) + "\n"
 
 
-def read_manifest(out_dir: Path) -> dict:
-    """manifest.json of an export folder, its artifacts as Artifact records; a user error if it is not one."""
+def read_manifest(out_dir: Path, needs: tuple[str, ...] = ()) -> dict:
+    """manifest.json of an export folder, its artifacts as Artifact records; a user error if it is not one, or if
+    it lacks an entry in `needs` that the caller reads (every export writes "model", "tokenizer", "parity_bundle";
+    small manifests built by tests may not)."""
     path = Path(out_dir) / MANIFEST
     if not Path(out_dir).is_dir():
         raise UserError(f"export folder not found: {out_dir}")
@@ -118,16 +120,11 @@ def read_manifest(out_dir: Path) -> dict:
             raise UserError(f"{path}: artifact {art.path!r} needs a string sha256 and format and an integer bytes")
     for rel in listed_paths(manifest):  # before any listed file is opened
         contained_path(out_dir, rel)
+    missing = [k for k in needs if not isinstance(manifest.get(k), dict)]
+    if missing:  # a hand-edited manifest: one line, not a KeyError deep in the command
+        raise UserError(f"{path} has no {', '.join(repr(k) for k in missing)} entry (every export writes it): "
+                        "re-export the folder")
     return manifest
-
-
-def require_entries(out_dir: Path, manifest: dict, keys: tuple[str, ...]) -> None:
-    """A command that reads these entries (every export writes them) refuses a manifest without one, in one line:
-    a hand-edited or foreign manifest.json was a KeyError deep in the command."""
-    missing = [k for k in keys if not isinstance(manifest.get(k), dict)]
-    if missing:
-        raise UserError(f"{Path(out_dir) / MANIFEST} has no {', '.join(repr(k) for k in missing)} entry (every export "
-                        "writes it): re-export the folder")
 
 
 def check_structure(path: Path, manifest: dict) -> None:

@@ -38,9 +38,11 @@ from hrm_edge.train.dataset import (Corpus, bytes_per_token, check_corpus, encod
                                     random_batch)
 from hrm_edge.train.halting import train_halting_head
 from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, removed_if_failed, text_arg
+from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, removed_if_failed, some_names, text_arg
 from hrm_edge.model.lm import HRMLM, parameter_counts
 from hrm_edge.train.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
+
+RUN_FILES = (CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, "train_speed.json")  # a run's files before its train_state.json
 
 
 @dataclass
@@ -170,9 +172,6 @@ def check_resume(preset: Preset, out: Path) -> None:
                         "resume it with that preset (a name in presets/, or the .toml file of that name)")
 
 
-RUN_FILES = (CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, "train_speed.json")  # a run's files before its train_state.json
-
-
 def check_new_run_folder(out: Path) -> None:
     """A run without --resume writes a new checkpoint into `out`: a folder that is new, empty, or holds only what a
     run writes before its first checkpoint (one stopped early: started over). One that holds a checkpoint would be
@@ -183,8 +182,7 @@ def check_new_run_folder(out: Path) -> None:
                         "(a new run would overwrite it)")
     entries = [e for e in entries if e not in RUN_FILES and not e.startswith(".")]
     if entries:
-        shown = ", ".join(entries[:3]) + (", …" if len(entries) > 3 else "")
-        raise UserError(f"--out {out} holds other files ({shown}); train into a new or empty folder")
+        raise UserError(f"--out {out} holds other files ({some_names(entries)}); train into a new or empty folder")
 
 
 def _model_and_state(preset: Preset, out: Path, corpus: Corpus, tok, resume: bool, n_train: int, n_val: int):

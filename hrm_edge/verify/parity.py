@@ -35,7 +35,7 @@ from hrm_edge.runtime.adaptive import (BRANCH_TOKENS, BRANCH_WINDOWS, DEFAULT_EX
 from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder,
                                           generate_speculative, speculative_set, teacher_forced_logits)
-from hrm_edge.runtime.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest, require_entries
+from hrm_edge.runtime.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest
 
 
 @dataclass
@@ -627,8 +627,7 @@ def main(argv=None, target_main=None) -> int:
     cpus = [c.strip() for c in (a.cpu or "cortex-a76,max").split(",") if c.strip()]
     if a.target != "host" and (not cpus or len(set(cpus)) != len(cpus)):
         raise UserError(f"--cpu takes a comma-separated list of distinct CPU models, got {a.cpu!r}")
-    manifest = read_manifest(a.dir)
-    require_entries(a.dir, manifest, ("model", "tokenizer", "parity_bundle"))
+    manifest = read_manifest(a.dir, needs=("model", "tokenizer", "parity_bundle"))
     if "onnx" in formats:
         formats.add("ort")
     skip = {f: f"not asked for (--formats {a.formats})" for f in {"onnx", "ort", "pte"} - formats}
