@@ -14,13 +14,15 @@ from hrm_edge.app.complete import files_to_load
 from hrm_edge.config import ModelConfig
 from hrm_edge.errors import UserError
 from hrm_edge.export.pipeline import pte_jobs
+from hrm_edge.measure.profile import round_costs
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.model.eager import EagerDecoder, EagerSpeculativeDecoder
 from hrm_edge.model.lm import HRMLM, CachedDraftForm, CachedVerifyForm, KVCache
 from hrm_edge.runtime.decoders import PteDecoder, Sampling, generate
 from hrm_edge.runtime.manifest import Artifact
-from hrm_edge.runtime.speculative import (PteSpeculativeDecoder, RoundPlan, accept_greedy, accept_sampled,
-                                          context_guess, generate_speculative, one_hot_probs)
+from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, DEFAULT_LOOKUP_LEN, PteSpeculativeDecoder, RoundPlan,
+                                          accept_greedy, accept_sampled, context_guess, generate_speculative,
+                                          one_hot_probs)
 from hrm_edge.train.tokenizer import load_tokenizer
 
 SHIPPED = REPO / "hrm_edge" / "default_model"
@@ -266,6 +268,20 @@ def test_pte_speculative_program_is_exact(default_export):
         looked_up = generate_speculative(spec, prompt, 60, plan=RoundPlan(draft_len))  # guesses verified by forward
         assert looked_up.tokens == plain.tokens and looked_up.lookup_rounds > 0
 
+
+
+@pytest.mark.slow
+def test_round_costs_times_every_call_a_round_makes(default_export):
+    """hrm_edge.measure.profile.round_costs (the call costs docs/measurements.md cites): a verify over each draft
+    length's positions, the full depth over each context guess's, and the break-even of a default round from them."""
+    for program in ("hrm.fp32.spec.pte", "hrm.int8-nbits.kv.onnx"):  # ExecuTorch's methods, an ONNX set's graphs
+        c = round_costs(default_export / program, calls=3)
+        assert list(c["verify_us"]) == list(range(1, DEFAULT_DRAFT_LEN + 2))
+        assert list(c["full_us"]) == list(range(1, DEFAULT_LOOKUP_LEN + 2))
+        assert c["guess_us"] == c["full_us"][DEFAULT_LOOKUP_LEN + 1] and c["guess_len"] == DEFAULT_LOOKUP_LEN + 1
+        n = DEFAULT_DRAFT_LEN + 1
+        assert c["break_even"] == pytest.approx((n * c["draft_us"] + c["verify_us"][n]) / c["step_us"])
+        assert min([c["step_us"], c["draft_us"], *c["verify_us"].values(), *c["full_us"].values()]) > 0
 
 # ---- the page's context lookup (generate.mjs, under node) ----
 def page_lookup(tmp_path, job: dict) -> dict:

@@ -330,8 +330,7 @@ class PteSpeculativeDecoder(PteDecoder):
 
     def verify_many(self, tokens: list[int]) -> np.ndarray:  # -> full logits [n, V]
         """The program's forward method over the n tokens at pos: it writes every application's slots there, as draft
-        and verify would, in one call instead of two (a call of this program has a fixed cost that does not shrink
-        with the applications it runs: hrm_edge.measure.profile.round_costs)."""
+        and verify would, in one call instead of two (hrm_edge.measure.profile.round_costs times it)."""
         t = self.torch
         logits = self.method.execute([t.tensor([tokens], dtype=t.int64), t.tensor([self.pos], dtype=t.int64)])[0]
         self.pending_tokens.extend(tokens)
