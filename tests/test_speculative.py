@@ -269,7 +269,6 @@ def test_pte_speculative_program_is_exact(default_export):
         assert looked_up.tokens == plain.tokens and looked_up.lookup_rounds > 0
 
 
-
 @pytest.mark.slow
 def test_round_costs_times_every_call_a_round_makes(default_export):
     """hrm_edge.measure.profile.round_costs (the call costs docs/measurements.md cites): a verify over each draft
@@ -282,6 +281,7 @@ def test_round_costs_times_every_call_a_round_makes(default_export):
         n = DEFAULT_DRAFT_LEN + 1
         assert c["break_even"] == pytest.approx((n * c["draft_us"] + c["verify_us"][n]) / c["step_us"])
         assert min([c["step_us"], c["draft_us"], *c["verify_us"].values(), *c["full_us"].values()]) > 0
+
 
 # ---- the page's context lookup (generate.mjs, under node) ----
 def page_lookup(tmp_path, job: dict) -> dict:
