@@ -481,12 +481,11 @@ def main(argv=None) -> int:
             share = max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
             preset.train.threads = min(preset.train.threads or share, share)
     try:
-        if distributed:
-            # before joining: a rank that left after its own join (on this error) broke rank 0's still under way
-            check_batch_split(preset.train.batch_size, int(os.environ.get("WORLD_SIZE", 1)))
         if not a.resume:
             check_new_run_folder(a.out)
         if distributed:
+            # before joining: a rank that left after its own join (on this error) broke rank 0's still under way
+            check_batch_split(preset.train.batch_size, int(os.environ.get("WORLD_SIZE", 1)))
             _init_distributed()
         state = train(preset, a.out, resume=a.resume, progress=not a.no_progress)
     except UserError:
