@@ -1,6 +1,6 @@
 """ARM64 parity under QEMU user-mode emulation (hrm_edge.verify.arm64_*, `python -m hrm_edge.parity DIR --target aarch64`).
 
-The slow tests fetch the toolchain on first use (~4.5 GB into ~/.cache/hrm-edge/aarch64, ~4 min; then cached per
+The slow tests fetch the toolchain on first use (~4.6 GB into ~/.cache/hrm-edge/aarch64, ~4 min; then cached per
 machine) and run every artifact in emulated aarch64 Pythons. They never skip: a machine that cannot fetch the
 toolchain fails them with the fetch step's one-line error.
 """

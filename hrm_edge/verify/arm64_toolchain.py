@@ -17,7 +17,6 @@ folder: the system's sources, architectures and package database are never touch
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import json
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from hrm_edge.errors import UserError
+from hrm_edge.errors import ArgumentParser, UserError
 
 TARGET = "aarch64"
 # A phone-class big core (Armv8.2-A: NEON + dot product, no i8mm/SVE) and QEMU's everything-on model
@@ -371,11 +370,11 @@ def qemu_cpu_models(tc: Toolchain) -> list[str]:
 
 # ---- CLI: fetch only ----
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hrm_edge.arm64", description=(
+    p = ArgumentParser(prog="python -m hrm_edge.arm64", description=(
         "Fetch (once per machine) what `python -m hrm_edge.parity DIR --target aarch64` needs, into "
         f"$XDG_CACHE_HOME/hrm-edge/{TARGET} (default ~/.cache/hrm-edge/{TARGET}): qemu-aarch64 from Debian trixie's "
         "qemu-user, Debian bookworm's arm64 Python 3.11, aarch64 wheels of the host's onnxruntime and numpy, and for "
-        ".pte files torch, executorch, torchao and the NVIDIA libraries torch links (~4.5 GB in all). "
+        ".pte files torch, executorch, torchao and the NVIDIA libraries torch links (~4.6 GB in all). "
         "Already fetched pieces are not fetched again."))
     p.add_argument("--no-pte", action="store_true", help="skip the .pte part (torch, executorch, NVIDIA libraries; "
                                                          "~4.3 GB): enough for ONNX and ORT artifacts")

@@ -1,8 +1,8 @@
 """The web parity bundle: a few validation windows and their fp32 eager logits, small enough for a phone.
 
-The export's parity_bundle.npz holds 8 windows x 128 tokens x 4096 logits (16 MB): too much to download
-to a phone for a self-test. The web bundle keeps the first few windows, cut to the KV programs' prefill
-length plus a few decode steps, so a phone runs the same prefill-then-decode path the parity gate runs
+The export's parity_bundle.npz holds 8 windows x 256 tokens x 4096 fp32 logits for the default model (32 MiB): too
+much to download to a phone for a self-test. The web bundle keeps the first few windows, cut to the KV programs'
+prefill length plus a few decode steps, so a phone runs the same prefill-then-decode path the parity gate runs
 and compares with the same fp32 eager logits, with the manifest's tolerances (hrm_edge.verify.parity.compare).
 
 One file, little-endian, read by the browser demo (hrm_edge/app/web/js/selftest.mjs) and the Android app's
