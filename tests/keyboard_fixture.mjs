@@ -9,6 +9,7 @@ globalThis.location = { search: "" }; // model.mjs reads the page's URL
 const { TypedContext, suggestWords } = await import("./js/suggest.mjs");
 const { Lookahead, likelyKeys } = await import("./js/lookahead.mjs");
 const { keptStartEncoder } = await import("./js/model.mjs");
+const { tokenBytes } = await import("./js/healing.mjs");
 
 // lowbias32: a 32-bit integer hash, the same uint32 arithmetic in Python, JS and Java
 function mix(x) {
@@ -60,13 +61,16 @@ class HashModel {
 }
 
 const job = JSON.parse(readFileSync(process.argv[2], "utf8"));
-const hf = new Tokenizer(JSON.parse(readFileSync(job.tokenizer, "utf8")), { clean_up_tokenization_spaces: false });
+const tokenizerJson = JSON.parse(readFileSync(job.tokenizer, "utf8"));
+const hf = new Tokenizer(tokenizerJson, { clean_up_tokenization_spaces: false });
+const bytes = tokenBytes(tokenizerJson);
 const encodeAll = (text) => hf.encode(text, { add_special_tokens: false }).ids;
 const out = [];
 for (const texts of job.sequences) { // one typing session (one cache) per sequence
   const tokenizer = { // what the page's loadTokenizer returns
     encode: keptStartEncoder(encodeAll),
     decode: (ids) => hf.decode(ids, { skip_special_tokens: true }),
+    bytes,
   };
   const model = new HashModel(job.vocab, job.allowed, job.max_seq_len);
   const draft = job.draft_seed === null ? null : new HashModel(job.vocab, job.allowed, job.max_seq_len, job.draft_seed);

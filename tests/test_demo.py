@@ -551,6 +551,12 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
         assert 1 <= len(chips) <= 3 and all(chips), chips
         assert "os" in [c.strip() for c in chips] or any(c.startswith("o") for c in chips), chips
         assert page.inner_text("#suggest-time").endswith("ms")
+        # a chip is for the text it was computed for: after a key typed since (set here without an input event, so
+        # the chips stay), a tap inserts nothing
+        page.evaluate("() => { const box = document.getElementById('text'); box.value = 'import ox'; "
+                      "box.setSelectionRange(9, 9); }")
+        page.locator("#suggestions button.suggestion").first.click()
+        assert page.input_value("#text") == "import ox"
 
         # greedy completion == python -m hrm_edge.complete --runtime onnx (fp32, 64 new tokens)
         select_model(page, "hrm.fp32.kv.onnx")

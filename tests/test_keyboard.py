@@ -27,7 +27,9 @@ LONG = ("import os\nimport sys\n\n\ndef main(argv=None):\n    parser = make_pars
 # (text before typing, typed one character at a time): each keystroke is one suggestion call on one cache
 SESSIONS = [("import o", "s.pa"), ("import os\ndef ", "get_na"), ("class Foo(", "obj"), ("x = 1\n", "ret"),
             ("", "for i in ra"), ("print(", "self.v"), (LONG, "    re"), ("a = [1, 2]\n# ", "café é"),
-            ("from .", "astutils import valid_sym"), ("x = 1\nfr", "obnicate_xq")]  # partial words of 2+ tokens
+            ("from .", "astutils import valid_sym"), ("x = 1\nfr", "obnicate_xq"),  # partial words of 2+ tokens
+            ("a " * 35, "expected"),  # a window near FIXTURE_MAX_SEQ_LEN whose longest chains must still fit
+            ("s = '", "añ 𝑥y 中文 naï")]  # characters of several byte tokens; one outside the BMP
 
 
 def mix(x):
@@ -135,10 +137,11 @@ def test_keyboard_metrics():
 
 def test_context_window_drops_whole_blocks():
     ids = list(range(100))
-    assert context_window(ids[:60], 64) == ids[:60]
-    # 64 - MAX_EXTRA_TOKENS = 60 at most; a block is 16 ids: 61..76 ids drop 16, 77..92 drop 32
-    assert context_window(ids[:61], 64) == ids[16:61] and context_window(ids[:76], 64) == ids[16:76]
-    assert context_window(ids[:77], 64) == ids[32:77]
+    assert context_window(ids[:58], 64) == ids[:58]
+    # 64 - MAX_SPELLING_TOKENS - MAX_EXTRA_TOKENS + 1 = 58 at most (the longest chain's tokens fit in 64); a block is
+    # 16 ids: 59..74 ids drop 16, 75..90 drop 32
+    assert context_window(ids[:59], 64) == ids[16:59] and context_window(ids[:74], 64) == ids[16:74]
+    assert context_window(ids[:75], 64) == ids[32:75]
     # a longer context is read up to CONTEXT_TOKENS (128): limit 124, blocks of 32
     assert context_window(ids, 256) == ids[:100] and context_window(list(range(200)), 256) == list(range(96, 200))
 
@@ -230,6 +233,29 @@ def test_a_partial_word_of_several_tokens_is_healed(tokenizer, allowed):
     assert spelled and all(d.startswith("rob") or "rob".startswith(d) for d in spelled), spelled
     assert any(d.startswith("rob") for d in spelled), spelled  # spelled the rest, then went on
     assert healed_start(tokenizer, tokenizer.encode("x = 1\nfr", add_special_tokens=False).ids, "fr") == cut - 1
+
+
+def test_healing_never_takes_back_part_of_a_character(tokenizer):
+    """A character of several byte tokens is taken back whole: a taken-back text starting with U+FFFD would be
+    spelled by any bytes, and the chips would show a character the model did not write. HEAL_CHARS counts code
+    points (a letter outside the BMP is one, as in the page's and Java's healing)."""
+    for text, want in (("x = ñ", "ñ"), ("x = 中文", "文"), ("x = naï", "aï"), ("s = 𝑥y", "𝑥y")):
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        partial, cut, prefix = healed(tokenizer, text, ids)
+        assert prefix == want and tokenizer.decode(ids[:cut]) + prefix == text, (text, prefix)
+    every = list(range(tokenizer.get_vocab_size()))  # the fixture may write any token, byte pieces included
+    for text in ("x = ñ", "x = 中文", "x = naï", "# café é"):
+        words = suggest_words(TypedContext(HashStepModel(every, len(every))), tokenizer, text).words
+        assert all("\ufffd" not in w.label and w.label.startswith(trailing_word(text)) for w in words), (text, words)
+
+
+def test_a_words_probability_counts_the_bytes_of_its_last_character(tokenizer):
+    """Step 8: the tokens that finish the word's last character count, though the text before them already looks
+    as long as the word (its U+FFFD)."""
+    ids = [tokenizer.token_to_id(piece) for piece in ("Ġa", "Ã", "±", "(")]  # " a", then "ñ" as two bytes, "("
+    texts = tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())])
+    insert, word, ending, p = decide(ids, [0.5, 0.1, 0.2, 0.3], tokenizer, texts, "", False)
+    assert (insert, word, ending) == (" añ", "añ", "(") and p == pytest.approx(0.5 * 0.1 * 0.2, rel=1e-12)
 
 
 def test_a_typed_word_reads_like_the_chain_that_spells_it(tokenizer, allowed):

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxStepModel
+from hrm_edge.runtime.healing import byte_decoder
 
 CANDIDATES = 4  # first tokens tried: 4, 6 and 8 gave the same top-3 accuracy on held-out code (2026-12-01)
 MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must be seen to end within them
@@ -31,6 +32,7 @@ MAX_SPELLING_TOKENS = 3  # tokens after the first that may finish spelling the t
 BRANCHES = 2  # where a chain's word has not started, it forks into this many chains (docs/keyboard.md step 6)
 RECENT_CONTEXTS = 4  # earlier contexts whose logits and chains are kept, for a keystroke that goes back to one
 HEAL_CHARS = 2  # token healing takes back tokens until it holds this many characters of the partial word
+BYTE_OF = byte_decoder()  # a byte-level BPE piece's character -> its byte (token healing)
 KEEP_BACK_CHARS = 64  # KeptStartEncoder keeps the ids of a start of the text at least this far before its end
 SPACES = " \t\n\r\f\v"
 
@@ -209,9 +211,10 @@ def read_word(continuation: str, mid_word: bool):
 def context_window(ids: list[int], max_seq_len: int) -> list[int]:
     """The end of a long text: when the ids do not leave room for the extension within CONTEXT_TOKENS, whole
     blocks of a quarter of that are dropped from the start (so the window, and its cache, stays the same for
-    many keys)."""
+    many keys). Within max_seq_len a chain's tokens always fit: up to 1 + MAX_SPELLING_TOKENS + MAX_EXTRA_TOKENS
+    of them (the last never run) after a context at least one id shorter than the window."""
     span = min(max_seq_len, CONTEXT_TOKENS)
-    limit = span - MAX_EXTRA_TOKENS
+    limit = min(span - MAX_EXTRA_TOKENS, max_seq_len - MAX_SPELLING_TOKENS - MAX_EXTRA_TOKENS + 1)
     if len(ids) <= limit:
         return ids
     block = span // 4
@@ -226,11 +229,20 @@ def softmax64(logits: np.ndarray) -> np.ndarray:
 def healed_start(tokenizer, ids: list[int], partial: str) -> int:
     """Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back
     text holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is one
-    the model rarely saw); at least one id stays."""
+    the model rarely saw), and earlier ones while it would start inside a character; at least one id stays."""
     j = len(ids) - 1
     while j > 1 and len(tokenizer.decode(ids[j:])) < min(len(partial), HEAL_CHARS):
         j -= 1
+    while j > 1 and inside_a_character(tokenizer, ids[j]):  # its text would start with U+FFFD, which any bytes match
+        j -= 1
     return j
+
+
+def inside_a_character(tokenizer, token: int) -> bool:
+    """Whether the token's bytes start with a UTF-8 continuation byte (0x80-0xBF): a character begun by the token
+    before it."""
+    piece = tokenizer.id_to_token(token)
+    return bool(piece) and 0x80 <= BYTE_OF.get(piece[0], 0) <= 0xBF
 
 
 def healed(tokenizer, text: str, ids: list[int]) -> tuple[str, int, str]:
@@ -292,10 +304,16 @@ def decide(tokens: list[int], probs: list[float], tokenizer, texts: list[str], p
     end = len(prefix) + len(insert)
     probability = probs[0]
     for i in range(1, len(tokens)):  # the tokens that spell part of the word (not those of the ending alone)
-        if len(tokenizer.decode(tokens[:i])) >= end:
+        if len(whole_characters(tokenizer, tokens[:i])) >= end:
             break
         probability *= probs[i]
     return insert, word, ending, probability
+
+
+def whole_characters(tokenizer, tokens: list[int]) -> str:
+    """The text of tokens without trailing U+FFFD: only the characters they complete (the bytes of the last one may
+    still be coming: its U+FFFD would count as a character already spelled)."""
+    return tokenizer.decode(tokens).rstrip("\ufffd")
 
 
 def first_decision(chain: Chain, decide_tokens):
@@ -371,7 +389,7 @@ def reach(chain: Chain, tokenizer, prefix: str, partial: str) -> tuple[str, floa
     end = len(prefix) + len(c)
     bound = chain.probs[0]
     for i in range(1, len(chain.tokens)):
-        if len(tokenizer.decode(chain.tokens[:i])) >= end:
+        if len(whole_characters(tokenizer, chain.tokens[:i])) >= end:
             break
         bound *= chain.probs[i]
     return partial + c.lstrip(SPACES), bound

@@ -84,14 +84,16 @@ async function showSuggestions() {
   state.suggesting = state.lookahead.suggest(text);
   try {
     const { words, ms } = await state.suggesting;
-    if (text !== textBeforeCursor()) return; // typed on meanwhile: a newer run is scheduled
+    // typed on meanwhile (a newer run is scheduled), or Complete / Self-test began: no chips, no work ahead
+    if (state.busy || text !== textBeforeCursor()) return;
     state.lookahead.start(text, likelyKeys(state.lookahead.context, state.tokenizer, text, words));
     const chips = words.map((w) => {
       const chip = document.createElement("button");
       chip.className = "suggestion";
       chip.textContent = w.label;
       chip.title = `p = ${w.probability.toFixed(3)}`;
-      chip.onclick = () => insertAtCursor(w.insert);
+      // a chip is for the text it was computed for: after a key typed since, its insert would land in a new word
+      chip.onclick = () => (textBeforeCursor() === text ? insertAtCursor(w.insert) : scheduleSuggestions());
       return chip;
     });
     $("suggestions").replaceChildren(...chips);

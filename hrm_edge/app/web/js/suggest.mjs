@@ -143,10 +143,12 @@ export function readWord(continuation, midWord) {
 }
 
 // The end of a long text: when the ids leave no room for the extension within CONTEXT_TOKENS, whole blocks of
-// a quarter of that are dropped from the start (so the window, and its cache, stays the same for many keys).
+// a quarter of that are dropped from the start (so the window, and its cache, stays the same for many keys). Within
+// maxSeqLen a chain's up to 1 + MAX_SPELLING_TOKENS + MAX_EXTRA_TOKENS tokens (the last never run) always fit after a
+// context at least one id shorter than the window.
 export function contextWindow(ids, maxSeqLen) {
   const span = Math.min(maxSeqLen, CONTEXT_TOKENS);
-  const limit = span - MAX_EXTRA_TOKENS;
+  const limit = Math.min(span - MAX_EXTRA_TOKENS, maxSeqLen - MAX_SPELLING_TOKENS - MAX_EXTRA_TOKENS + 1);
   if (ids.length <= limit) return ids;
   const block = Math.floor(span / 4);
   return ids.slice(Math.ceil((ids.length - limit) / block) * block);
@@ -163,12 +165,24 @@ export function probabilities(logits) {
 }
 
 // Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back text
-// holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is one the
-// model rarely saw); at least one id stays.
+// holds HEAL_CHARS characters (code points, as Python and Java count) of the partial word (a context ending in a
+// 1-character piece of a word is one the model rarely saw), and earlier ones while it would start inside a
+// character (with U+FFFD, which any bytes match: a token whose first byte is a UTF-8 continuation byte); at least
+// one id stays.
 export function healedStart(tokenizer, ids, partial) {
+  const chars = Math.min(codePoints(partial), HEAL_CHARS);
   let j = ids.length - 1;
-  while (j > 1 && tokenizer.decode(ids.slice(j)).length < Math.min(partial.length, HEAL_CHARS)) j--;
+  while (j > 1 && codePoints(tokenizer.decode(ids.slice(j))) < chars) j--;
+  while (j > 1 && (tokenizer.bytes[ids[j]][0] & 0xc0) === 0x80) j--;
   return j;
+}
+
+const codePoints = (text) => [...text].length;
+
+// The text of tokens without trailing U+FFFD: only the characters they complete (the bytes of the last one may still
+// be coming: its U+FFFD would count as a character already spelled).
+function wholeCharacters(tokenizer, tokens) {
+  return tokenizer.decode(tokens).replace(/\ufffd+$/u, "");
 }
 
 // Insert t into best (at most count ids, highest logit first; ties: the lower id, which comes first).
@@ -221,7 +235,7 @@ function decide(tokens, probs, tokenizer, texts, prefix, midWord) {
   const end = prefix.length + insert.length;
   let p = probs[0];
   for (let i = 1; i < tokens.length; i++) { // the tokens that spell part of the word (not those of the ending alone)
-    if (tokenizer.decode(tokens.slice(0, i)).length >= end) break;
+    if (wholeCharacters(tokenizer, tokens.slice(0, i)).length >= end) break;
     p *= probs[i];
   }
   return [insert, word, ending, p];
@@ -297,7 +311,7 @@ function reach(chain, tokenizer, prefix, partial) {
   const end = prefix.length + c.length;
   let bound = chain.probs[0];
   for (let i = 1; i < chain.tokens.length; i++) {
-    if (tokenizer.decode(chain.tokens.slice(0, i)).length >= end) break;
+    if (wholeCharacters(tokenizer, chain.tokens.slice(0, i)).length >= end) break;
     bound *= chain.probs[i];
   }
   return [partial + c.replace(/^[ \t\n\r\f\v]+/u, ""), bound];

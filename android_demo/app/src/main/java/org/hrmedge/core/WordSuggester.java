@@ -345,7 +345,7 @@ public final class WordSuggester {
             for (Suggestion w : ranked.subList(0, n)) if (w.label.startsWith(start)) return false;
             double bound = chain.probs.get(0); // the product over the tokens that spell part of c
             for (int i = 1; i < ids.length; i++) {
-                if (tokenizer.decode(Arrays.copyOf(ids, i)).length() >= prefix.length() + c.length()) break;
+                if (wholeCharacters(Arrays.copyOf(ids, i)).length() >= prefix.length() + c.length()) break;
                 bound *= chain.probs.get(i);
             }
             spare += bound;
@@ -387,9 +387,30 @@ public final class WordSuggester {
      *  one the model rarely saw); at least one id stays (with fewer than 2 ids nothing is taken back). */
     private int healedStart(int[] ids, String partial) {
         if (ids.length < 2) return ids.length;
-        int j = ids.length - 1, chars = Math.min(partial.length(), HEAL_CHARS);
-        while (j > 1 && tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length)).length() < chars) j--;
+        int j = ids.length - 1, chars = Math.min(codePoints(partial), HEAL_CHARS);
+        while (j > 1 && codePoints(tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length))) < chars) j--;
+        // not inside a character (its text would start with U+FFFD, which any bytes match): a token whose first
+        // byte is a UTF-8 continuation byte ends a character the one before it began
+        while (j > 1 && startsInsideACharacter(ids[j])) j--;
         return j;
+    }
+
+    private static int codePoints(String text) {
+        return text.codePointCount(0, text.length());
+    }
+
+    private boolean startsInsideACharacter(int id) {
+        byte[] bytes = tokenizer.tokenBytes(id);
+        return bytes.length > 0 && (bytes[0] & 0xc0) == 0x80;
+    }
+
+    /** The text of ids without trailing U+FFFD: only the characters they complete (the bytes of the last one may
+     *  still be coming: its U+FFFD would count as a character already spelled). */
+    private String wholeCharacters(int[] ids) {
+        String text = tokenizer.decode(ids);
+        int end = text.length();
+        while (end > 0 && text.charAt(end - 1) == '\ufffd') end--;
+        return text.substring(0, end);
     }
 
     /** Whether the chain's word is still open and it has fewer than MAX_EXTRA_TOKENS tokens after the one that
@@ -472,10 +493,11 @@ public final class WordSuggester {
         return tokenText;
     }
 
-    /** The end of a long text: whole blocks of a quarter of min(maxSeqLen, CONTEXT_TOKENS) dropped from the start. */
+    /** The end of a long text: whole blocks of a quarter of min(maxSeqLen, CONTEXT_TOKENS) dropped from the start;
+     *  a chain's up to 1 + MAX_SPELLING_TOKENS + MAX_EXTRA_TOKENS tokens (the last never run) fit within maxSeqLen. */
     static int[] contextWindow(int[] ids, int maxSeqLen) {
         int span = Math.min(maxSeqLen, CONTEXT_TOKENS);
-        int limit = span - MAX_EXTRA_TOKENS;
+        int limit = Math.min(span - MAX_EXTRA_TOKENS, maxSeqLen - MAX_SPELLING_TOKENS - MAX_EXTRA_TOKENS + 1);
         if (ids.length <= limit) return ids;
         int block = span / 4;
         int drop = (ids.length - limit + block - 1) / block * block;
@@ -528,7 +550,7 @@ public final class WordSuggester {
         int end = prefix.length() + read.insert.length();
         double p = chain.probs.get(0);
         for (int i = 1; i < k; i++) {
-            if (tokenizer.decode(Arrays.copyOf(ids, i)).length() >= end) break;
+            if (wholeCharacters(Arrays.copyOf(ids, i)).length() >= end) break;
             p *= chain.probs.get(i);
         }
         return new Decision(read.insert, read.word, read.ending, p);

@@ -164,18 +164,24 @@ public class MainActivity extends Activity {
             long ms = (System.nanoTime() - t) / 1_000_000;
             ui.post(() -> {
                 suggesting = false;
-                if (before.equals(textBeforeCursor())) showSuggestions(found.words, ms); // else a newer run is due
+                // typed on meanwhile: a newer run is due, and these words are not shown
+                if (before.equals(textBeforeCursor())) showSuggestions(before, found.words, ms);
             });
             lookahead.ahead(before, found.nextKeys, 3, key); // stops at the next key; failures are the key's to see
         });
     };
 
-    private void showSuggestions(List<WordSuggester.Suggestion> found, long ms) {
+    /** The words for the text `before` the cursor: a tap after a key typed since inserts nothing (its insert would
+     *  land in a new word). */
+    private void showSuggestions(String before, List<WordSuggester.Suggestion> found, long ms) {
         for (int i = 0; i < words.length; i++) {
             WordSuggester.Suggestion w = i < found.size() ? found.get(i) : null;
             words[i].setText(w == null ? "" : w.label);
             words[i].setEnabled(w != null);
-            words[i].setOnClickListener(v -> { if (w != null) text.getText().insert(text.getSelectionStart(), w.insert); });
+            words[i].setOnClickListener(v -> {
+                if (w == null || !before.equals(textBeforeCursor())) return;
+                text.getText().insert(text.getSelectionStart(), w.insert);
+            });
         }
         suggestTime.setText(ms + " ms");
     }

@@ -98,11 +98,12 @@ public class WordSuggesterTest {
 
     @Test
     public void contextWindowDropsWholeBlocks() {
-        int[] ids = new int[77];
+        // at most 64 - MAX_SPELLING_TOKENS - MAX_EXTRA_TOKENS + 1 = 58 ids (the longest chain fits), blocks of 16
+        int[] ids = new int[75];
         for (int i = 0; i < ids.length; i++) ids[i] = i;
-        assertEquals(60, WordSuggester.contextWindow(java.util.Arrays.copyOf(ids, 60), 64).length);
-        assertArrayEquals(java.util.Arrays.copyOfRange(ids, 16, 61),
-                WordSuggester.contextWindow(java.util.Arrays.copyOf(ids, 61), 64));
+        assertEquals(58, WordSuggester.contextWindow(java.util.Arrays.copyOf(ids, 58), 64).length);
+        assertArrayEquals(java.util.Arrays.copyOfRange(ids, 16, 59),
+                WordSuggester.contextWindow(java.util.Arrays.copyOf(ids, 59), 64));
         assertEquals(32, WordSuggester.contextWindow(ids, 64)[0]);
     }
 
