@@ -1,6 +1,7 @@
 """User mistakes become one line on stderr and exit code 2; everything else is a bug and keeps its traceback."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from typing import Callable
@@ -8,6 +9,14 @@ from typing import Callable
 
 class UserError(Exception):
     """Bad input from the user (a path, a flag, a corpus): reported as one line, exit code 2."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose refusals (an unknown flag, a bad choice, a missing argument) are one line like the
+    commands' own, not its usage block: `error: MESSAGE (see PROG --help)`, exit code 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def first_line(e: BaseException, limit: int = 300) -> str:

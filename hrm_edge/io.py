@@ -99,9 +99,19 @@ def refuse_unused(parser: argparse.ArgumentParser, args: argparse.Namespace, fla
                         f"add {mode}, or leave {'it' if len(given) == 1 else 'them'} out")
 
 
+def refuse_given(given: list[str], mode: str) -> None:
+    """Flags `given` that `mode` (a flag that does other work) never reads: a user error, instead of ignoring them."""
+    if given:
+        one = len(given) == 1
+        raise UserError(f"{', '.join(given)} {'does' if one else 'do'} not apply with {mode}: leave "
+                        f"{'it' if one else 'them'} out")
+
+
 def check_writable_dir(path: Path) -> Path:
     """Create `path` if needed and prove we can write there, before any long work starts."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"output folder {path} is a file, not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)

@@ -113,8 +113,8 @@ def test_thread_counts_seeds_and_output_paths_are_checked_first(tmp_path):
             ("hrm_edge.train", (*tiny, "--speed-test", "--out", tmp_path / "a_file" / "o"), "not writable"),
             ("hrm_edge.study", ("--out", tmp_path / "s", "--threads", "100000"), "--threads must be in 0..256"),
             ("hrm_edge.evaluate", (shipped, "--threads", "-1"), "--threads must be in 0..256"),
-            ("hrm_edge.evaluate", (shipped, "--out", tmp_path / "a_file"), "not writable"),
-            ("hrm_edge.evaluate", (shipped, "--keyboard", "--ngram", tmp_path / "a_file" / "n.npz"), "not writable"),
+            ("hrm_edge.evaluate", (shipped, "--out", tmp_path / "a_file"), "is a file, not a folder"),
+            ("hrm_edge.evaluate", (shipped, "--keyboard", "--ngram", tmp_path / "a_file" / "n.npz"), "is a file, not a folder"),
             ("hrm_edge.demo", (tmp_path, "--host", ""), "--host is empty"),
             ("hrm_edge.bench", (tmp_path, "--seq-len", "0"), "--seq-len >= 1"),  # 0 meant the default
             ("hrm_edge.peers", (shipped, "--prompt-len", "0"), "--prompt-len and --new-tokens must be >= 1"),
@@ -231,11 +231,14 @@ def test_keyboard_graph_and_page_form_need_a_kv_graph(tmp_path):
 
 def test_a_flag_of_a_mode_that_is_off_is_refused(tmp_path):
     """Flags that only shape another flag's mode were ignored without a word: `complete --draft-len 8` decoded
-    without speculation, `evaluate --keyboard-chars` ran the bits-per-byte table, `demo --keyboard-interval` served."""
+    without speculation, `evaluate --keyboard-chars` ran the bits-per-byte table, `demo --keyboard-interval` served;
+    `train --halting-head` took no --steps, `corpus --pin` (a download) no --out. Nothing is made or fetched."""
     for module, args, needle in [
             ("hrm_edge.complete", ("--draft-len", "8", "def "), "--draft-len only applies with --speculative"),
             ("hrm_edge.complete", ("--lookup-len", "0", "--draft-len", "2", "def "),
              "--draft-len, --lookup-len only apply with --speculative: add --speculative, or leave them out"),
+            ("hrm_edge.complete", ("--top-k", "5", "--seed", "7", "def "),  # greedy (the default --temperature 0)
+             "--top-k, --seed apply only when sampling: add --temperature T > 0, or leave them out"),
             ("hrm_edge.evaluate", ("hrm_edge/default_model", "--keyboard-chars", "100", "--ngram", tmp_path / "n"),
              "--keyboard-chars, --ngram only apply with --keyboard"),
             ("hrm_edge.evaluate", ("hrm_edge/default_model", "--depth-curve", "--keyboard-sample", "start"),
@@ -243,7 +246,13 @@ def test_a_flag_of_a_mode_that_is_off_is_refused(tmp_path):
             ("hrm_edge.study", ("--out", tmp_path / "s", "--train-only", "--decode-ablations"),
              "--decode-ablations and --decode-threads shape the decode measurement"),
             ("hrm_edge.demo", (tmp_path, "--keyboard-interval", "200"), "--keyboard-interval only applies with "
-                                                                        "--keyboard-bench")]:
+                                                                        "--keyboard-bench"),
+            ("hrm_edge.train", ("--halting-head", "hrm_edge/default_model", "--steps", "3", "--out", tmp_path / "t"),
+             "--out, --steps do not apply with --halting-head: leave them out"),
+            ("hrm_edge.train", ("--preset", "tiny", "--speed-test", "--resume"),
+             "--resume does not apply with --speed-test"),
+            ("hrm_edge.corpus", ("--pin", "a==1", "--out", tmp_path / "c", "--cache", tmp_path / "cache"),
+             "--out does not apply with --pin: leave it out")]:
         proc = run_module(module, *args)
         assert_user_error(proc, needle)
         assert proc.stdout == "", (module, proc.stdout[-500:])
@@ -322,6 +331,15 @@ def test_help_explains_flags(command):
             assert re.search(rf"(^|[\s,\[]){re.escape(name)}(?![\w-])", proc.stdout), (command, name)
     hidden = [o for a in parser._actions if a.help == argparse.SUPPRESS for o in a.option_strings]
     assert not [o for o in hidden if re.search(rf"{re.escape(o)}(?![\w-])", proc.stdout)], hidden
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_argparse_refusals_are_one_line(command):
+    """argparse's own refusals (an unknown flag, or a missing argument) are one `error:` line naming --help, not its
+    usage block."""
+    proc = run_module(f"hrm_edge.{command}", "--no-such-flag")
+    assert_user_error(proc, f"see python -m hrm_edge.{command} --help")
+    assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout, proc.stderr
 
 
 def test_train_needs_out():

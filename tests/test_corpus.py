@@ -262,7 +262,7 @@ def test_bad_flags_are_refused_before_any_download(tmp_path):
     for args, needle in [(("--jobs", "0", *cache), "--jobs must be in 1..64"),
                          (("--jobs", "100000", *cache), "--jobs must be in 1..64"),
                          (("--cache", blocker / "c"), "not writable"),
-                         (("--out", blocker / "o", *cache), "not writable"),
+                         (("--out", blocker / "o", *cache), "a_file is a file, not a folder"),
                          (("--recipe", tmp_path / "latin1.tsv", *cache), "is not UTF-8 text"),
                          (("--pin", f"@{tmp_path / 'latin1.tsv'}", *cache), "@FILE of --pin specs is not UTF-8")]:
         proc = run_module("hrm_edge.corpus", *args, "--no-progress")

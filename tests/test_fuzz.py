@@ -166,6 +166,8 @@ def complete_outcome(argv: list, folders) -> tuple[int, str]:
         return 2, "--temperature must be"
     if not 1 <= a.repetition_penalty <= 10:
         return 2, "--repetition-penalty must be"
+    if a.temperature == 0 and (a.top_k, a.top_p, a.seed) != (0, 1.0, 0):
+        return 2, "only when sampling"
     runnable = a.artifacts == folders["good"] or (a.artifacts == folders["bad"]["flipped"] and a.no_verify)
     return (0, "") if runnable and a.runtime == "eager" and a.precision == "fp32" else (2, "")
 
@@ -176,8 +178,10 @@ EDGES = {"int": ["-9223372036854775808", "-1", "0", "1", "2", "255", "256", "257
 
 
 def test_complete_flag_edges_one_at_a_time(folders):
-    """Systematic, beside the random search: each numeric flag at each edge value, on a command that generates."""
-    base = ["--artifacts", str(folders["good"]), "--runtime", "eager", "--max-new-tokens", "2", "def f("]
+    """Systematic, beside the random search: each numeric flag at each edge value, on a command that generates (and
+    samples, so that --top-k, --top-p and --seed apply; a --temperature given after it wins)."""
+    base = ["--artifacts", str(folders["good"]), "--runtime", "eager", "--max-new-tokens", "2", "--temperature", "0.5",
+            "def f("]
     flags = {"--max-new-tokens": "int", "--top-k": "int", "--seed": "int", "--threads": "int", "--temperature": "real",
              "--top-p": "real", "--repetition-penalty": "real"}
     # the values each flag accepts (its --help's range); every other edge value is refused in one line

@@ -173,11 +173,16 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     assert "dev: order" not in capsys.readouterr().out
 
 
-def test_keyboard_user_errors(tmp_path):
+def test_keyboard_user_errors(tmp_path, monkeypatch):
     ckpt = scripted_checkpoint(tmp_path / "ckpt")
     with pytest.raises(UserError, match="--keyboard-chars must be >= 1"):
         evaluate_main([ckpt, "--keyboard", "--keyboard-chars", "0"])
     write_built_corpus(tmp_path / "corpus", {("train", "only"): {"m.py": "x = 1\n"}, ("val", "h"): {"a.py": "y\n"}})
+    (tmp_path / "cut.kv.onnx").write_bytes(b"\x08\x07")  # a graph that cannot load: refused before the n-grams
+    with pytest.raises(UserError, match="cannot load cut.kv.onnx"):
+        evaluate_main([ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard", "--keyboard-graph",
+                       str(tmp_path / "cut.kv.onnx")])
+    monkeypatch.setattr(K, "model_suggester", lambda *args, **kwargs: (lambda text: []))  # the n-grams' errors
     with pytest.raises(UserError, match="at least 2 training projects"):
         evaluate_main([ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard"])
     (tmp_path / "bad.npz").write_bytes(b"not a zip")

@@ -218,7 +218,7 @@ def test_bench_checks_where_it_writes_before_running_anything(export_dir, tmp_pa
     refused at once (it was a traceback after the benchmark)."""
     (tmp_path / "a_file").write_text("x")
     for path, needle in [(tmp_path, "is a folder, not a file to write"),
-                         (tmp_path / "a_file" / "b.json", "not writable")]:
+                         (tmp_path / "a_file" / "b.json", "a_file is a file, not a folder")]:
         proc = run_module("hrm_edge.bench", export_dir, "--no-baseline", "--json", path)
         assert_user_error(proc, needle)
         assert "decode benchmark" not in proc.stdout

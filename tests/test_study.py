@@ -104,6 +104,15 @@ def test_study_refuses_an_existing_study_without_resume(tmp_path):
 def test_study_unknown_model(tmp_path):
     assert_user_error(run_module("hrm_edge.study", "--out", tmp_path / "s", "--only", "hrm,nope"),
                       "unknown model", "nope")
+    assert not (tmp_path / "s").exists()  # refused before the folder is made
+
+
+def test_study_resume_without_a_study(tmp_path):
+    """--resume in a folder where no model has started is refused (it started a new study, as train --resume
+    does not), and makes no folder."""
+    assert_user_error(run_module("hrm_edge.study", "--out", tmp_path / "s", "--resume"),
+                      "--resume", "holds no study to continue")
+    assert not (tmp_path / "s").exists()
 
 
 def test_study_resume_with_another_budget(tmp_path):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from hrm_edge.io import path_arg, refuse_unused
-from hrm_edge.errors import UserError, first_line, run_cli
+from hrm_edge.errors import ArgumentParser, UserError, first_line, run_cli
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
 from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder, TopProbRule
@@ -176,7 +176,7 @@ class TextStream:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hrm_edge.complete", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m hrm_edge.complete", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt", nargs="?", help="the text to complete (default: read from stdin)")
     p.add_argument("--artifacts", type=path_arg, default=Path("export/out"), help="export folder (default export/out)")
@@ -196,7 +196,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-heal", action="store_true",
                    help="no token healing (by default the prompt's last token is taken back and the first new token "
                         "must start with its text)")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads (default 1, like one phone core)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads (default 1, like one phone core; 0: the runtime's own default)")
     p.add_argument("--truncate", action="store_true",
                    help="keep the last tokens of a prompt longer than the context instead of refusing it")
     p.add_argument("--no-verify", action="store_true",
@@ -234,6 +235,12 @@ def main(argv=None) -> int:
         raise UserError("--temperature must be 0 (greedy) or in [1e-4, 1e4], --top-p in (0, 1], --top-k >= 0")
     if not 1 <= a.repetition_penalty <= 10:
         raise UserError("--repetition-penalty must be in [1, 10] (1 = off)")
+    sampling_flags = [flag for flag, value, off in (("--top-k", a.top_k, 0), ("--top-p", a.top_p, 1),
+                                                    ("--seed", a.seed, 0)) if value != off]
+    if a.temperature == 0 and sampling_flags:  # greedy would ignore them without a word
+        one = len(sampling_flags) == 1
+        raise UserError(f"{', '.join(sampling_flags)} {'applies' if one else 'apply'} only when sampling: add "
+                        f"--temperature T > 0, or leave {'it' if one else 'them'} out")
     prompt = read_prompt(a.prompt)
     manifest = read_manifest(a.artifacts, needs=("model", "tokenizer"))
     t_verify = time.perf_counter()
@@ -283,7 +290,8 @@ def main(argv=None) -> int:
     if a.exit_threshold is not None:
         name += f", exit >= {a.exit_threshold:g}: {decoder.depths.count(1)}/{len(decoder.depths)} decode steps exited"
     stop = "EOS" if g.stopped_at_eos else "max length"
-    print(f"[{a.runtime} {name}, {a.threads} thread(s)] prefill {g.prompt_len} tokens at {g.prefill_tokens_per_s:.0f} "
+    threads = f"{a.threads} thread(s)" if a.threads else "the runtime's default threads"
+    print(f"[{a.runtime} {name}, {threads}] prefill {g.prompt_len} tokens at {g.prefill_tokens_per_s:.0f} "
           f"tokens/s, decode {len(g.tokens)} tokens at {g.decode_tokens_per_s:.0f} tokens/s (stopped at {stop}); "
           f"{'sha256 of' if not a.no_verify else 'unverified:'} {len(files)} files "
           f"({sum(f.stat().st_size for f in files) / 1e6:.1f} MB) in {verify_ms:.0f} ms")

@@ -29,7 +29,7 @@ from urllib.parse import unquote, urlsplit
 
 from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_pieces, heldout_text
 from hrm_edge.app.shared_weights import EXTERNAL_MIN_BYTES, share_weights, weights_name
-from hrm_edge.errors import UserError, run_cli
+from hrm_edge.errors import ArgumentParser, UserError, run_cli
 from hrm_edge.io import path_arg, refuse_unused, sha256_file
 from hrm_edge.measure.harness import cpu_info, describe_cpu
 from hrm_edge.quiet import quiet_third_party
@@ -297,7 +297,7 @@ def addresses_to_open(host: str, port: int) -> list[str]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hrm_edge.demo", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m hrm_edge.demo", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=path_arg, help="export folder (holds manifest.json and a *.kv.onnx program)")
     p.add_argument("--host", default="127.0.0.1",

@@ -29,7 +29,7 @@ import torch
 from tokenizers import Tokenizer
 
 from hrm_edge.config import DataConfig, ModelConfig, QuantConfig, load_preset
-from hrm_edge.errors import UserError
+from hrm_edge.errors import ArgumentParser, UserError
 from hrm_edge.export.calibrate import activation_ranges, make_calibration_set, save_calibration_set
 from hrm_edge.export.executorch import export_pte, export_pte_decode, export_pte_speculative, quantized_for_pte
 from hrm_edge.export.names import artifact_name
@@ -766,7 +766,7 @@ def start_pte_workers(model_dir: Path, staging: Path, jobs: list[PteJob], parity
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hrm_edge.export", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m hrm_edge.export", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", help="train this preset (name in hrm_edge/train/presets/ or a .toml path), then export")
@@ -792,7 +792,8 @@ def main(argv=None) -> int:
                         "same with 4-bit grouped weights, as ExecuTorch's Llama (gated with the preset's int4 bounds); "
                         "pt2e: ExecuTorch program with static PT2E XNNPACKQuantizer int8 (per-step scales by "
                         "construction; its quality is below the gate on the tiny preset, see README)")
-    p.add_argument("--calib-samples", type=int, help="calibration windows (default: the preset's, 32)")
+    p.add_argument("--calib-samples", type=int, help="calibration windows (default: the quant table of the checkpoint's "
+                   "train_state.json, or of --preset's preset: 64 for the shipped model)")
     p.add_argument("--calib-corpus", type=text_arg,
                    help="text file or folder to calibrate on instead of the corpus's calibration split")
     p.add_argument("--cycles", help="depth dial: also export the model run with K outer cycles (comma-separated, "

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_edge.config import ModelConfig
-from hrm_edge.errors import UserError
+from hrm_edge.errors import ArgumentParser, UserError
 from hrm_edge.export.names import artifact_name
 from hrm_edge.io import atomic_write_text, check_writable_file, path_arg
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
@@ -448,7 +448,7 @@ def render_table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hrm_edge.bench", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m hrm_edge.bench", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=path_arg, help="export folder (holds manifest.json)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads for every runtime (default 1)")

@@ -129,16 +129,20 @@ def _no_grad(torch, model, x):
 
 
 def main(argv=None) -> int:
+    # argparse's own parser: the parent builds these arguments, so a refusal is its bug and keeps the whole stderr
     p = argparse.ArgumentParser(prog="python -m hrm_edge.measure.child", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("kind", choices=("decode", "peer-decode", "forward"))
+    p.add_argument("kind", choices=("decode", "peer-decode", "forward"),
+                   help="decode: one of our programs, greedy; peer-decode: a peer Llama program; forward: "
+                        "full-sequence calls")
     p.add_argument("dir", type=path_arg, help="the folder holding the program (export, checkpoint, baseline or peers)")
     p.add_argument("artifact", help="file name in DIR, or eager")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads of the runtime (default: 1)")
     p.add_argument("--repeats", type=int, default=3, help="decode: generations; forward: timed calls after one")
-    p.add_argument("--prompt-len", type=int, default=16)
-    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=16, help="decode: prompt tokens, prefilled in one call "
+                   "(default: 16)")
+    p.add_argument("--new-tokens", type=int, default=16, help="decode: greedy tokens timed after it (default: 16)")
     p.add_argument("--seq-len", type=int, default=128, help="forward: tokens per call")
     p.add_argument("--no-weight-cache", action="store_true", help="XNNPACK's weight cache off for .pte programs")
     p.add_argument("--prompts", default="", help="decode: .npy [n, prompt-len] of real-text prompts (default: random)")

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_edge.app.shared_weights import page_form
-from hrm_edge.errors import UserError, run_cli
+from hrm_edge.errors import ArgumentParser, UserError, run_cli
 from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, path_arg, refuse_unused,
                          text_arg)
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
@@ -142,7 +142,7 @@ def check_inputs(a: argparse.Namespace) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hrm_edge.evaluate", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m hrm_edge.evaluate", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", type=path_arg, nargs="+", help="checkpoint folders (config.json, model.safetensors, "
                                                                "tokenizer.json)")
@@ -171,9 +171,9 @@ def main(argv=None) -> int:
     p.add_argument("--ngram", type=path_arg, help="--keyboard: the n-gram keyboard's file, loaded if it exists, else "
                    "trained on the corpus's training split and saved there (default: OUT/keyboard-ngram.npz)")
     p.add_argument("--keyboard-graph", type=path_arg, help="--keyboard: suggest through this exported KV graph (e.g. "
-                   "the page's EXPORT/hrm.int8-static-perstep.kv.onnx) instead of the eager checkpoint (one "
-                   "checkpoint); the words are extended by the .draft.onnx graph beside it when there is one, as on "
-                   "the page")
+                   "the page's EXPORT/hrm.int8-nbits.kv.onnx) instead of the eager checkpoint (one checkpoint); the "
+                   "words are extended by the .branch.onnx graph beside it (else the .draft.onnx) when there is one, as "
+                   "on the page")
     p.add_argument("--keyboard-page-form", action="store_true", help="--keyboard-graph: run the graphs as the demo "
                    "serves them to the page (8-bit MatMulNBits as float MatMuls over the same 8-bit weights, which is "
                    "what the page computes; hrm_edge/app/shared_weights.py)")

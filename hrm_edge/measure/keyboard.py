@@ -281,10 +281,10 @@ def run_keyboard(checkpoints: dict[str, Path], projects: list, corpus: str, ngra
                  threads: int = 1, graph: Path | None = None, progress: bool = True) -> int:
     """`python -m hrm_edge.evaluate CKPT --keyboard`: the table, printed and written to out/keyboard.{json,md}.
     graph: run the (one) checkpoint's keyboard through this exported KV graph instead of the eager model."""
-    model, size = load_or_train(ngram or (out / NGRAM_FILE if out else None), corpus, progress)
-    suggesters: dict[str, Suggester] = {
+    suggesters: dict[str, Suggester] = {  # first: a checkpoint or graph that cannot load is refused before the n-grams
         (f"{name} ({graph.name})" if graph else name): model_suggester(path, onnx=graph, threads=threads)
         for name, path in checkpoints.items()}
+    model, size = load_or_train(ngram or (out / NGRAM_FILE if out else None), corpus, progress)
     suggesters[f"ngram-{model.order}"] = model
     rows = keyboard_rows(evaluate_keyboards(suggesters, projects, progress))
     cpu = cpu_info(threads)

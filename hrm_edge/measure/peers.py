@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hrm_edge.config import ModelConfig
-from hrm_edge.errors import UserError
+from hrm_edge.config import ModelConfig, from_dict
+from hrm_edge.errors import ArgumentParser, UserError
 from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file, path_arg
 from hrm_edge.measure.harness import DecodeTiming, cpu_info, decode_in_child, describe_cpu
 from hrm_edge.quiet import quiet_third_party
@@ -61,13 +61,16 @@ class PeerShape:
     norm_eps: float = 1e-5
 
     def __post_init__(self):
+        small = [f"{k}={v}" for k, v in dataclasses.asdict(self).items() if not v > 0]
+        if small:
+            raise UserError(f"peer shape: {', '.join(small)}: every size must be positive")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
             raise UserError(f"peer shape: d_model ({self.d_model}) / n_heads ({self.n_heads}) must be an even head size")
 
     @classmethod
     def from_model(cls, model: dict) -> "PeerShape":
         """From an export manifest's "model" dict (hrm: T = H_cycles * (L_cycles + 1); transformer: n_layers)."""
-        cfg = ModelConfig(**model)
+        cfg = from_dict(ModelConfig, model, "the model config")
         return cls(cfg.d_model, cfg.n_heads, cfg.ffn_hidden, cfg.n_steps, cfg.vocab_size, cfg.max_seq_len,
                    cfg.rope_theta, cfg.norm_eps)
 
@@ -318,12 +321,12 @@ def render_peer_table(shape: PeerShape, rows: list[dict], programs: list[PeerPro
 def _model_dict(folder: Path) -> dict:
     """The model config of an export folder (its manifest) or of a checkpoint folder (its config.json)."""
     if (folder / "config.json").is_file() and not (folder / "manifest.json").is_file():
-        return json.loads((folder / "config.json").read_text())
+        return ModelConfig.load(folder / "config.json").to_dict()
     return read_manifest(folder, needs=("model",))["model"]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hrm_edge.peers", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m hrm_edge.peers", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=path_arg, nargs="?", help="export folder (manifest.json) or checkpoint folder "
                    "(config.json): the peers take its model's shape")

@@ -1,7 +1,7 @@
 """Study: what a looped, hierarchical model costs and buys, measured on our data.
 
     python -m hrm_edge.study --budget quick --out runs/study-quick      # CI: a few minutes
-    python -m hrm_edge.study --budget full --out runs/study --threads 1 # the README table (about an hour)
+    python -m hrm_edge.study --budget full --out runs/study --threads 1 # docs/measurements.md's table (about an hour)
 
 Trains, on the same data, tokenizer, token budget (steps x batch x seq_len) and seed: a 4-layer unshared
 Transformer (the reference), HRM-LM with about a quarter of its parameters, an unshared Transformer with
@@ -32,7 +32,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig
-from hrm_edge.errors import UserError
+from hrm_edge.errors import ArgumentParser, UserError
 from hrm_edge.export.names import artifact_name
 from hrm_edge.export.pipeline import versions
 from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, sha256_file, text_arg
@@ -436,7 +436,6 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
     only, resume, threads, progress = o.only, o.resume, o.threads, o.progress
     t_start = time.perf_counter()
     check_corpus(b.data.corpus)  # before the folder and its study_config.json are made
-    out = check_writable_dir(out)
     entries = study_entries(b)
     names = [e.name for e in entries]
     if only:
@@ -444,10 +443,14 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
         if unknown:
             raise UserError(f"--only: unknown model(s) {', '.join(unknown)}; known: {', '.join(names)}")
     # a study is there once a model has started training (a checkpoint) or finished (a result)
-    started = sorted({p.parent.name for pattern in (f"*/{RESULT}", f"*/{STATE}") for p in out.glob(pattern)})
+    started = sorted({p.parent.name for pattern in (f"*/{RESULT}", f"*/{STATE}") for p in Path(out).glob(pattern)})
     if started and not resume:
         raise UserError(f"{out} already holds a study ({', '.join(started)}); pass --resume to continue it, "
                         f"or choose another --out")
+    if resume and not started:
+        raise UserError(f"--resume: {out} holds no study to continue (no model has started there); leave --resume "
+                        "out to start one")
+    out = check_writable_dir(out)
     config = {"budget": _jsonable(b)}
     # the setup of a study that has started a model is kept; a run that stopped before (a corpus that turned out
     # empty) leaves nothing to keep, and its config is replaced
@@ -501,11 +504,11 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    p = argparse.ArgumentParser(prog="python -m hrm_edge.study", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python -m hrm_edge.study", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick",
                    help="quick: tiny widths, tens of steps, a few minutes (CI; numbers mean nothing); "
-                        "full: the README table, about 75 minutes on one core (default: quick)")
+                        "full: the table in docs/measurements.md, about 75 minutes on one core (default: quick)")
     p.add_argument("--out", type=path_arg, default=DEFAULT_OUT, help=f"study folder (default: {DEFAULT_OUT})")
     p.add_argument("--only", help="comma-separated model names to run (default: all); the table also lists "
                                   "models an earlier run of the same --out finished")

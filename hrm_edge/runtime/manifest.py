@@ -106,8 +106,8 @@ def read_manifest(out_dir: Path, needs: tuple[str, ...] = ()) -> dict:
     if not path.is_file():
         raise UserError(f"{out_dir} has no {MANIFEST} (not an export folder, or the export did not finish)")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(manifest, dict):
         raise UserError(f"{path}: not a manifest (a JSON object was expected)")
@@ -121,10 +121,19 @@ def read_manifest(out_dir: Path, needs: tuple[str, ...] = ()) -> dict:
     for rel in listed_paths(manifest):  # before any listed file is opened
         contained_path(out_dir, rel)
     missing = [k for k in needs if not isinstance(manifest.get(k), dict)]
+    if "model" in needs and not missing:
+        missing = [f"model.{k}" for k in MODEL_SIZES if not positive_int(manifest["model"].get(k))]
     if missing:  # a hand-edited manifest: one line, not a KeyError deep in the command
         raise UserError(f"{path} has no {', '.join(repr(k) for k in missing)} entry (every export writes it): "
                         "re-export the folder")
     return manifest
+
+
+MODEL_SIZES = ("vocab_size", "d_model", "max_seq_len", "H_cycles", "L_cycles")  # what readers of "model" index
+
+
+def positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def check_structure(path: Path, manifest: dict) -> None:

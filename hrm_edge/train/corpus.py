@@ -24,7 +24,6 @@ building twice gives the same digest. `--pin NAME==VERSION ...` prints recipe li
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -48,8 +47,8 @@ from tqdm import tqdm
 from hrm_edge.config import DataConfig
 from hrm_edge.train.dataset import (CORPUS_FORMAT, RECORD, SPLITS, _bucket, _stdlib_files, default_corpus_cache,
                            document_order, encode_documents, is_built_corpus, listing_sha256)
-from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, sha256_file
+from hrm_edge.errors import ArgumentParser, UserError
+from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, refuse_given, sha256_file
 from hrm_edge.train.tokenizer import train_tokenizer
 
 RECIPE = Path(__file__).with_name("corpus_recipe.tsv")
@@ -574,7 +573,7 @@ def pin_projects(specs: list[str], cache: Path, progress: bool = True, jobs: int
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m hrm_edge.corpus", description=__doc__.split("\n\n")[0], fromfile_prefix_chars="@",
         epilog="train on it: python -m hrm_edge.train --corpus pypi (or --corpus OUT for another --out)")
     p.add_argument("--cache", type=path_arg, default=None,
@@ -599,6 +598,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("an @FILE of --pin specs is not UTF-8 text") from None
     if not 1 <= a.jobs <= 64 or a.project_cap < 1:
         raise UserError("--jobs must be in 1..64 and --project-cap >= 1")
+    if a.pin:  # the flags that shape a build, which --pin does not do
+        refuse_given([f for f, given in (("--out", a.out is not None), ("--recipe", a.recipe != RECIPE),
+                                         ("--project-cap", a.project_cap != PROJECT_CAP_BYTES),
+                                         ("--no-stdlib-reference", a.no_stdlib_reference)) if given], "--pin")
     cache = check_writable_dir((a.cache or default_corpus_cache()).expanduser())  # before any download
     progress = not a.no_progress
     if a.pin:

@@ -37,8 +37,9 @@ from hrm_edge.config import Preset, load_preset
 from hrm_edge.train.dataset import (Corpus, bytes_per_token, check_corpus, encode_documents, fixed_windows, load_corpus,
                                     random_batch)
 from hrm_edge.train.halting import train_halting_head
-from hrm_edge.errors import UserError
-from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, removed_if_failed, some_names, text_arg
+from hrm_edge.errors import ArgumentParser, UserError
+from hrm_edge.io import (atomic_write_text, check_writable_dir, path_arg, refuse_given, removed_if_failed, some_names,
+                         text_arg)
 from hrm_edge.model.lm import HRMLM, parameter_counts
 from hrm_edge.train.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -429,7 +430,7 @@ def speed_test(preset: Preset, steps: int, out: Path | None) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m hrm_edge.train", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="data parallel on N processes (same global batch, split across them; NCCL on GPUs, gloo on CPU):\n"
@@ -460,6 +461,9 @@ def main(argv=None) -> int:
     if (a.threads is not None and not 0 <= a.threads <= 256) or (a.seed is not None and not 0 <= a.seed < 2**32):
         raise UserError("--threads must be in 0..256 and --seed in 0..4294967295")
     if a.halting_head:
+        refuse_given([f for f, given in (("--preset", a.preset != p.get_default("preset")), ("--out", a.out is not None),
+                                         ("--steps", a.steps is not None), ("--resume", a.resume),
+                                         ("--speed-test", a.speed_test)) if given], "--halting-head")
         if a.threads:
             torch.set_num_threads(a.threads)
         train_halting_head(a.halting_head, a.corpus, seed=a.seed or 0)
@@ -471,6 +475,7 @@ def main(argv=None) -> int:
     if a.threads is not None:
         preset.train.threads = a.threads
     if a.speed_test:
+        refuse_given(["--resume"] if a.resume else [], "--speed-test")
         return speed_test(preset, a.steps or 12, a.out)
     if a.out is None:
         raise UserError("--out is required (the checkpoint folder to write)")

@@ -17,7 +17,6 @@ vouch for a wrong artifact.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import math
 import platform
@@ -28,14 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hrm_edge.errors import UserError
+from hrm_edge.errors import ArgumentParser, UserError
 from hrm_edge.io import atomic_path, atomic_write_text, path_arg, sha256_file, text_arg
 from hrm_edge.runtime.adaptive import (BRANCH_TOKENS, BRANCH_WINDOWS, DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder,
                                       TopProbRule, adaptive_decode_logits, reference_name)
 from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxDecoder, PteDecoder, decode_logits, generate, ort_session
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, OnnxSpeculativeDecoder, PteSpeculativeDecoder,
                                           generate_speculative, speculative_set, teacher_forced_logits)
-from hrm_edge.runtime.manifest import MANIFEST, REPORT, Artifact, manifest_json, read_manifest
+from hrm_edge.runtime.manifest import MANIFEST, REPORT, Artifact, manifest_json, positive_int, read_manifest
 
 
 @dataclass
@@ -597,7 +596,7 @@ def render_report(manifest: dict) -> str:
 def main(argv=None, target_main=None) -> int:
     """python -m hrm_edge.parity. target_main(args, manifest, target, cpu models, skip) -> exit code runs the
     gate on another target (the script entry hrm_edge.parity passes hrm_edge.verify.arm64_gate.target_main)."""
-    p = argparse.ArgumentParser(prog="python -m hrm_edge.parity", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m hrm_edge.parity", description=__doc__.split("\n\n")[0])
     p.add_argument("dir", type=path_arg, help="export folder (holds manifest.json)")
     p.add_argument("--bundle-only", action="store_true",
                    help="check the artifacts against the parity bundle's expected outputs only: no torch for ONNX "
@@ -612,7 +611,7 @@ def main(argv=None, target_main=None) -> int:
                         "bundle with the same tolerances and with this host's logits (x86_vs_arm64_max_abs); results "
                         "go to each artifact's \"targets\" entry in manifest.json and to the report. The first run "
                         "fetches an arm64 Python, qemu-aarch64 and aarch64 wheels into ~/.cache/hrm-edge/aarch64 "
-                        "($XDG_CACHE_HOME): ~0.2 GB for ONNX/ORT, ~4.5 GB with .pte (torch links CUDA libraries), "
+                        "($XDG_CACHE_HOME): ~0.2 GB for ONNX/ORT, ~4.6 GB with .pte (torch links CUDA libraries), "
                         "see python -m hrm_edge.arm64 --help")
     p.add_argument("--cpu", type=text_arg, default=None, metavar="MODELS",
                    help="with --target aarch64: comma-separated QEMU CPU models (default cortex-a76,max: a phone-class "
@@ -627,7 +626,10 @@ def main(argv=None, target_main=None) -> int:
     cpus = [c.strip() for c in (a.cpu or "cortex-a76,max").split(",") if c.strip()]
     if a.target != "host" and (not cpus or len(set(cpus)) != len(cpus)):
         raise UserError(f"--cpu takes a comma-separated list of distinct CPU models, got {a.cpu!r}")
-    manifest = read_manifest(a.dir, needs=("model", "tokenizer", "parity_bundle"))
+    manifest = read_manifest(a.dir, needs=("model", "tokenizer", "parity_bundle", "tolerances"))
+    if not positive_int(manifest.get("unique_weight_bytes")):  # the size rule's bound
+        raise UserError(f"{Path(a.dir) / MANIFEST} has no positive integer 'unique_weight_bytes' entry (every export "
+                        "writes it): re-export the folder")
     if "onnx" in formats:
         formats.add("ort")
     skip = {f: f"not asked for (--formats {a.formats})" for f in {"onnx", "ort", "pte"} - formats}

@@ -10,7 +10,6 @@ elsewhere keeps it. The ARM64 toolchain is fetched by `python -m hrm_edge.arm64`
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hrm_edge.errors import UserError, run_cli
+from hrm_edge.errors import ArgumentParser, UserError, run_cli
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ def install(commands: list[list[str]]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hrm_edge.sysdeps", description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="python -m hrm_edge.sysdeps", description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="only list what is missing (exit 1 if anything is)")
     args = ap.parse_args(argv)
     present = {n.label for n in NEEDS if is_present(n)}
