@@ -161,6 +161,25 @@ def test_a_manifest_without_its_model_or_bundle_is_one_line(export_dir, command)
         mini_export(export_dir)
 
 
+@pytest.mark.parametrize("command", ["parity", "complete"])
+def test_a_manifest_with_bad_sizes_or_bytes_is_one_line(export_dir, command):
+    """A model size readers index (missing, or not a positive integer), parity's tolerances and size bound, or a
+    manifest that is not UTF-8: one line, not a KeyError, TypeError or UnicodeDecodeError in the command."""
+    args = ["--artifacts", export_dir, "def "] if command == "complete" else [export_dir]
+    edits = [(lambda m: m["model"].pop("max_seq_len"), "'model.max_seq_len'"),
+             (lambda m: m["model"].update(H_cycles="2"), "'model.H_cycles'")]
+    if command == "parity":
+        edits += [(lambda m: m.pop("tolerances"), "'tolerances'"),
+                  (lambda m: m.update(unique_weight_bytes=None), "'unique_weight_bytes'")]
+    for edit, needle in edits:
+        edit_manifest(export_dir, edit)
+        assert_user_error(run_module(f"hrm_edge.{command}", *args), needle, "re-export")
+        shutil.rmtree(export_dir)
+        mini_export(export_dir)
+    (export_dir / "manifest.json").write_bytes(b"\xff")
+    assert_user_error(run_module(f"hrm_edge.{command}", *args), "is not valid JSON")
+
+
 def test_a_config_that_is_not_the_manifests_model_is_refused(export_dir):
     cfg = json.loads((export_dir / CONFIG).read_text())
     (export_dir / CONFIG).write_text(json.dumps(cfg | {"rope_theta": 500.0}))
