@@ -27,6 +27,7 @@ MANIFEST = "manifest.json"
 REPORT = "parity_report.md"
 BUNDLE = "parity_bundle.npz"
 MANIFEST_FORMAT = 1
+MODEL_SIZES = ("vocab_size", "d_model", "max_seq_len", "H_cycles", "L_cycles")  # what readers of "model" index
 
 
 @dataclass
@@ -127,9 +128,6 @@ def read_manifest(out_dir: Path, needs: tuple[str, ...] = ()) -> dict:
         raise UserError(f"{path} has no {', '.join(repr(k) for k in missing)} entry (every export writes it): "
                         "re-export the folder")
     return manifest
-
-
-MODEL_SIZES = ("vocab_size", "d_model", "max_seq_len", "H_cycles", "L_cycles")  # what readers of "model" index
 
 
 def positive_int(value) -> bool:
