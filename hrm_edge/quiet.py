@@ -22,6 +22,9 @@ from pathlib import Path
 
 # the loggers and warning sources of the runtimes and exporters we load (their own names and sub-loggers)
 THIRD_PARTY = ("torch", "torchao", "executorch", "onnxruntime", "onnx", "onnxscript")
+# ExecuTorch's C++ startup notices (its CPU probe, its threadpool's size): every load writes them, so a failed load's
+# replay leaves them out and shows the lines about the failure
+STARTUP_NOTICES = ("[cpuinfo_utils.cpp:", "[threadpool.cpp:")
 
 
 def quiet_third_party(verbose: bool) -> None:
@@ -38,7 +41,7 @@ def quiet_third_party(verbose: bool) -> None:
 def native_stderr_to(path: Path | str | None):
     """File descriptor 2 (what C/C++ code and sys.stderr write) goes to `path` inside the block, and back after it.
     None: nothing is redirected (verbose). If the block raises, what was caught is written to the real stderr
-    before the exception propagates (a failed load shows the runtime's own lines)."""
+    before the exception propagates (a failed load shows the runtime's own lines, without STARTUP_NOTICES)."""
     if path is None:
         yield
         return
@@ -51,7 +54,8 @@ def native_stderr_to(path: Path | str | None):
             yield
         except BaseException:
             _restore(saved)
-            sys.stderr.write(Path(path).read_text(errors="replace"))
+            lines = Path(path).read_text(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not line.startswith(STARTUP_NOTICES)))
             sys.stderr.flush()
             raise
     finally:

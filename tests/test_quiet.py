@@ -13,6 +13,7 @@ with native_stderr_to(sys.argv[1]):
 os.write(2, b"after the block\\n")
 try:
     with native_stderr_to(sys.argv[1]):
+        os.write(2, b"[cpuinfo_utils.cpp:125] a startup notice, left out of the replay\\n")
         os.write(2, b"line before a failed load\\n")
         raise RuntimeError("load failed")
 except RuntimeError:
@@ -42,7 +43,8 @@ def test_native_stderr_goes_to_the_file_and_is_shown_when_the_block_fails(tmp_pa
     proc = run(NATIVE, str(caught))
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == "after the block\nline before a failed load\nverbose line\n"
-    assert caught.read_text() == "line before a failed load\n"  # the second block's file replaced the first's
+    assert caught.read_text() == ("[cpuinfo_utils.cpp:125] a startup notice, left out of the replay\n"
+                                  "line before a failed load\n")  # the second block's file replaced the first's
 
 
 def test_third_party_warnings_and_logs_are_dropped_unless_verbose():
