@@ -114,12 +114,16 @@ def test_java_tokenizer_equals_python_tokenizers(classes, tmp_path):
 
 def typed_code(chars: int, backspaces: int) -> tuple[str, list[str]]:
     """(code, the texts of typing it): the first `chars` characters of suggest.py and a tail of spaces, CRLF, tabs
-    and a special token, typed a key at a time, then `backspaces` deleted one at a time, then an edit at its start."""
+    and a special token, typed a key at a time, then `backspaces` deleted one at a time, then an edit at its start;
+    then a line and a long comment typed, the cursor moved back to the end of the first line (the text before it is
+    the kept start) and a word typed on there, where the line break was."""
     code = (REPO / "hrm_edge" / "runtime" / "suggest.py").read_text()[:chars]
     code += "x = 'é'  \r\n\ty = [1,\n    2]\n<|eos|>\n\n\ndef  f():\n"
     typed = [code[:i] for i in range(1, len(code) + 1)]
     typed += [code[:i] for i in range(len(code) - 1, len(code) - 1 - backspaces, -1)]
-    return code, typed + ["# a comment\n" + code]
+    lines = "import re\n" + "x = 1  # " + "a" * 70 + "\n"
+    moved_back = [lines[:i] for i in range(1, len(lines) + 1)] + ["import re" + "turn"[:i] for i in range(5)]
+    return code, typed + ["# a comment\n" + code] + moved_back
 
 
 def test_java_encodes_the_end_of_a_typed_text(classes, tmp_path):

@@ -70,15 +70,15 @@ class KeptStartEncoder:
     the text that ends at a line break after a visible ASCII character do not depend on what follows (the ByteLevel
     pre-tokenizer's regex, which looks only forward, begins a new piece at that line break, and BPE and the added
     tokens stay within pieces), so the ids of the latest such start at least KEEP_BACK_CHARS before the end are kept
-    and a keystroke encodes the rest. A text that does not go on from the kept start (an edit before it) starts
-    over."""
+    and a keystroke encodes the rest. A text that does not go on from the kept start with its line break (an edit
+    before it, or text typed where the line break was) starts over."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.text, self.ids = "", []  # the kept start and its ids
 
     def __call__(self, text: str) -> list[int]:
-        if not text.startswith(self.text):
+        if not text.startswith(self.text) or text[len(self.text):len(self.text) + 1] not in ("", "\n"):
             self.text, self.ids = "", []
         cut = piece_start(text, len(text) - KEEP_BACK_CHARS)
         if cut > len(self.text):

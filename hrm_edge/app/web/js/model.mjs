@@ -36,12 +36,13 @@ export async function loadTokenizer(url) {
 // (the ByteLevel pre-tokenizer's regex, which looks only forward, begins a new piece at that line break, and BPE
 // and the added tokens <|bos|> <|eos|> stay within pieces), so the ids of the latest such start at least
 // KEEP_BACK_CHARS before the end are kept and a keystroke encodes the rest. A text that does not go on from the
-// kept start (an edit before it) starts over. The same ids as encodeAll(text) (tests/test_keyboard.py).
+// kept start with its line break (an edit before it, or text typed where the line break was) starts over. The same ids as encodeAll(text) (tests/test_keyboard.py).
 const KEEP_BACK_CHARS = 64;
 export function keptStartEncoder(encodeAll) {
   let kept = { text: "", ids: [] };
   const encode = (text) => {
-    if (!text.startsWith(kept.text)) kept = { text: "", ids: [] };
+    const next = text.charAt(kept.text.length); // "" at the end of the text
+    if (!text.startsWith(kept.text) || (next !== "" && next !== "\n")) kept = { text: "", ids: [] };
     const cut = pieceStart(text, text.length - KEEP_BACK_CHARS);
     if (cut > kept.text.length) {
       kept = { text: text.slice(0, cut), ids: kept.ids.concat(encodeAll(text.slice(kept.text.length, cut))) };

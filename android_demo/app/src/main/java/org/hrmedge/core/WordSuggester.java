@@ -146,7 +146,10 @@ public final class WordSuggester {
         }
 
         int[] encode(String text) {
-            if (!text.startsWith(keptText)) {
+            // the kept ids hold only while the text goes on from the kept start with its line break
+            boolean goesOn = text.startsWith(keptText)
+                    && (text.length() == keptText.length() || text.charAt(keptText.length()) == '\n');
+            if (!goesOn) {
                 keptText = "";
                 keptIds = new int[0];
             }
