@@ -115,6 +115,11 @@ def test_compare_wrong_shape_and_non_finite_fail():
     bad[1, 2, 3] = np.nan
     r = compare(bad, ref, targets, FP32_TOLERANCE, "x")
     assert r["passed"] is False and r["reason"] == "non-finite logits"
+    # a NaN in the reference (an edited bundle) made every bound NaN, and NaN > bound is False: a wrong artifact passed
+    wrong = ref * 3 + 7
+    assert compare(wrong, ref, targets, FP32_TOLERANCE, "x")["passed"] is False
+    r = compare(wrong, bad, targets, FP32_TOLERANCE, "x")
+    assert r["passed"] is False and r["reason"] == "non-finite reference logits (the bundle)"
 
 
 # ---- the artifact record ----

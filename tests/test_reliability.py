@@ -250,6 +250,31 @@ def test_parity_reports_modified_weights_by_name(export_dir):
     assert f"{WEIGHTS} does not match the sha256" in proc.stderr
 
 
+def test_the_gate_keeps_an_earlier_verdict_only_for_the_file_it_was_given_for(export_dir):
+    """An artifact the run does not check (its format skipped) keeps its earlier verdict only while its sha256 is
+    the manifest's, and the report says the verdict is an earlier run's; a listed web bundle that was modified fails
+    the run (the gate re-checks every file the clients read)."""
+    from hrm_edge.verify.parity import REPORT, run_gate
+
+    skip = {"onnx": "not asked for (--formats pte)"}
+    assert run_gate(export_dir, read_manifest(export_dir), recompute_reference=False, log=lambda *a: None, skip=skip,
+                    eager=False)
+    assert read_manifest(export_dir)["artifacts"][0].parity["x86_64"]["passed"] is True
+    assert "yes (an earlier run's; not checked by this one)" in (export_dir / REPORT).read_text()
+    (export_dir / FAKE_KV).write_bytes(b"changed since it was checked")
+    assert not run_gate(export_dir, read_manifest(export_dir), recompute_reference=False, log=lambda *a: None,
+                        skip=skip, eager=False)
+    art = read_manifest(export_dir)["artifacts"][0]
+    assert art.parity["x86_64"] == {"passed": False, "reason": "modified since it was checked (sha256)"}
+    shutil.rmtree(export_dir)
+    mini_export(export_dir)
+    (export_dir / "web_bundle.bin").write_bytes(b"HRMWEB01 edited")
+    edit_manifest(export_dir, lambda m: m.update(web_bundle={"path": "web_bundle.bin", "sha256": "0" * 64}))
+    assert not run_gate(export_dir, read_manifest(export_dir), recompute_reference=False, log=lambda *a: None,
+                        skip=skip, eager=False)
+    assert "web_bundle.bin is missing or modified (sha256)" in read_manifest(export_dir)["failures"]
+
+
 def test_demo_uses_the_shared_check(export_dir):
     """The demo serves only verified files; a listed web bundle is checked like an artifact."""
     from hrm_edge.app.demo import export_routes

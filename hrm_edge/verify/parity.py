@@ -104,6 +104,8 @@ def compare(logits: np.ndarray, reference: np.ndarray, targets: np.ndarray, tol:
                 "reason": f"output shape {list(logits.shape)} != reference {list(reference.shape)}"}
     if not np.isfinite(logits).all():
         return {"reference": reference_name, "passed": False, "reason": "non-finite logits"}
+    if not np.isfinite(reference).all():  # a NaN there would make every bound below pass (NaN > x is False)
+        return {"reference": reference_name, "passed": False, "reason": "non-finite reference logits (the bundle)"}
     max_abs = float(np.abs(logits - reference).max())
     logit_range = float(reference.max() - reference.min())
     top1 = float((logits.argmax(-1) == reference.argmax(-1)).mean())
@@ -111,11 +113,11 @@ def compare(logits: np.ndarray, reference: np.ndarray, targets: np.ndarray, tol:
     ppl_ratio = ppl / ref_ppl
     abs_limit = tol.rel_max_abs * logit_range
     reasons = []
-    if max_abs > abs_limit:
+    if not max_abs <= abs_limit:  # written so that NaN fails
         reasons.append(f"max abs logit error {max_abs:.3g} > {abs_limit:.3g}")
-    if top1 < tol.min_top1:
+    if not top1 >= tol.min_top1:
         reasons.append(f"top-1 agreement {top1:.4f} < {tol.min_top1}")
-    if ppl_ratio > tol.max_ppl_ratio:
+    if not ppl_ratio <= tol.max_ppl_ratio:
         reasons.append(f"perplexity ratio {ppl_ratio:.5f} > {tol.max_ppl_ratio}")
     return {
         "reference": reference_name,
@@ -439,23 +441,32 @@ def checked_bundle(out_dir: Path, manifest: dict, recompute_reference: bool, fai
     return bundle
 
 
+def unchanged(path: Path, sha256: str) -> bool:
+    return path.is_file() and sha256_file(path) == sha256
+
+
 def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, log=print,
              skip: dict | None = None, eager: bool = True) -> bool:
     """Check every artifact of `manifest` (edited in place); write manifest.json and parity_report.md.
-    skip: {format: reason} for formats this machine cannot run (listed in the manifest, never "passed").
+    skip: {format: reason} for formats this run does not check: listed as not checked, their earlier verdict kept
+    only while the file is the one it was given for (its sha256), and the report says it is an earlier run's.
     eager: the fp32 eager model may run (check_artifact); False: torch is not imported (--bundle-only)."""
     target = host_target()
     failures = []
     skip = skip or {}
     skipped = []
     bundle = checked_bundle(out_dir, manifest, recompute_reference, failures)
-    tok_path = out_dir / manifest["tokenizer"]["path"]
-    if not tok_path.is_file() or sha256_file(tok_path) != manifest["tokenizer"]["sha256"]:
-        failures.append("tokenizer.json is missing or modified (sha256)")
+    for key in ("tokenizer", "web_bundle"):  # the files the clients read besides the artifacts
+        entry = manifest.get(key)
+        if entry is not None and not unchanged(out_dir / entry["path"], entry["sha256"]):
+            failures.append(f"{entry['path']} is missing or modified (sha256)")
     for art in manifest["artifacts"]:
         if art.format in skip:
             skipped.append({"path": art.path, "reason": skip[art.format]})
             log(f"  SKIP {art.path:<34} {skip[art.format]}")
+            if not unchanged(out_dir / art.path, art.sha256):  # an earlier verdict is for the file it checked
+                art.record_parity(target, {"passed": False, "reason": "modified since it was checked (sha256)"})
+                failures.append(f"{art.path}: modified since it was checked (sha256), and not checked now")
             continue
         if bundle is None:
             result = {"passed": False, "reason": "no valid parity bundle"}
@@ -516,9 +527,12 @@ def _host_section(manifest: dict) -> list[str]:
         "| artifact | format | precision | target | bytes | compared with | max abs err | tol | top-1 | ppl / ref ppl | passed |",
         "|---|---|---|---|---:|---|---:|---:|---:|---:|---|",
     ]
+    not_rechecked = {(s["path"], target) for target, items in manifest.get("skipped", {}).items() for s in items}
     for art in manifest["artifacts"]:
         for target, r in (art.parity or {}).items():
             ok = "yes" if r["passed"] else f"**NO**: {r.get('reason', '')}"
+            if (art.path, target) in not_rechecked:
+                ok += " (an earlier run's; not checked by this one)"
             for c in [c for c in r.get("checks", []) if "top1_agreement" in c] or [None]:
                 lines.append(f"| {art.path} | {art.format} | {art.precision} | {target} | "
                              f"{art.bytes:,} | {_check_cells(c, bounds=True)} | {ok} |")
