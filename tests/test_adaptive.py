@@ -322,6 +322,7 @@ def test_parity_adaptive_check(onnx_adaptive, tmp_path):
     r = adaptive_check(paths[2], art, bundle | {"reference/adaptive/fp32/exited": flipped}, FP32_TOLERANCE, None)
     assert not r["passed"] and r["depth_agreement"] < 0.99 and "exit decisions agree" in r["reason"]
     assert r["positions_compared"] == 3 * 3, "each window up to its first differing exit, position 3"
+    assert r["decoded_compared"] == 0 and "no decoded position compared" in r["reason"]  # the prefill alone: no pass
     other = {f"reference/{k}": v for k, v in adaptive_references(onnx_model(7, model.cfg.H_cycles, model.cfg.L_cycles), "fp32", windows[:, :-1], 3).items()}
     assert not adaptive_check(paths[2], art, {"windows": windows} | other, FP32_TOLERANCE, None)["passed"]
 

@@ -280,10 +280,14 @@ def adaptive_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance, eage
     check = (compare(logits[same_path][None], reference[same_path][None], targets[same_path][None], tol, what)
              if same_path.any() else {"passed": False, "reason": "no position before an exit that differs"})
     reasons = [check["reason"]] if not check["passed"] else []
+    decoded = int(same_path[:, p:].sum())  # the prefill never exits: the check is about these
+    if decoded == 0:
+        reasons.append("no decoded position compared (in every window the first decoded exit differs from the "
+                       "eager rule's)")
     if agreement < MIN_DEPTH_AGREEMENT:
         reasons.append(f"exit decisions agree with the eager rule's on {agreement:.4f} < {MIN_DEPTH_AGREEMENT} of tokens")
     return {"threshold": DEFAULT_EXIT_THRESHOLD, "checked": True, "compared_with": what,
-            "positions_compared": int(same_path.sum()), "positions": int(same_path.size),
+            "positions_compared": int(same_path.sum()), "positions": int(same_path.size), "decoded_compared": decoded,
             "exit_rate": float(exited[:, p:].mean()),
             "eager_exit_rate": float(eager_exited[:, p:].mean()), "depth_agreement": agreement,
             "max_abs_logit_error": check.get("max_abs_logit_error"), "top1_agreement": check.get("top1_agreement"),
@@ -568,7 +572,8 @@ def _adaptive_rows(manifest: dict) -> list[str]:
             lines.append(f"| {path} | {target} | – | – | – | – | – | {a.get('reason', '')} |")
             continue
         err = a["max_abs_logit_error"]
-        compared = (f"{a['positions_compared']} of {a['positions']} positions" if "positions" in a
+        decoded = f", {a['decoded_compared']} decoded" if "decoded_compared" in a else ""
+        compared = (f"{a['positions_compared']} of {a['positions']} positions{decoded}" if "positions" in a
                     else f"{a['windows_compared']} windows")  # (a manifest written before 2026-12-02)
         lines.append(f"| {path} | {target} | {a['exit_rate']:.3f} | {a['eager_exit_rate']:.3f} | "
                      f"{a['depth_agreement']:.4f} | {'–' if err is None else f'{err:.2e}'} | {a['compared_with']} "
