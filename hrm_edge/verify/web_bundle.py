@@ -50,9 +50,10 @@ class WebBundle:
         return int(self.header["prefill_len"])
 
     def tolerance(self, precision: str) -> Tolerance:
-        """fp32 artifacts are held to the fp32 gate; int8 ones to what quantization may cost vs fp32."""
-        key = "fp32_vs_fp32_eager" if precision == "fp32" else "int8_vs_fp32_eager"
-        return Tolerance(**self.header["tolerances"][key])
+        """fp32 artifacts are held to the fp32 gate; quantized ones to what their quantization may cost vs fp32 (int4
+        to the int4 bounds; a bundle written before it carried them: the int8 ones)."""
+        key = f"{precision}_vs_fp32_eager"
+        return Tolerance(**self.header["tolerances"].get(key, self.header["tolerances"]["int8_vs_fp32_eager"]))
 
 
 def kv_prefill_len(manifest: dict) -> int:
@@ -76,7 +77,8 @@ def web_bundle_bytes(manifest: dict, bundle: dict, n_windows: int = N_WINDOWS, d
         "format": "hrm-edge web parity bundle", "format_version": FORMAT_VERSION,
         "samples": n, "seq_len": seq_len, "vocab_size": vocab, "prefill_len": min(prefill, seq_len),
         "windows": windows[:n, : seq_len + 1].astype(int).tolist(),
-        "tolerances": {k: manifest["tolerances"][k] for k in ("fp32_vs_fp32_eager", "int8_vs_fp32_eager")},
+        "tolerances": {k: manifest["tolerances"][k] for k in ("fp32_vs_fp32_eager", "int8_vs_fp32_eager",
+                                                              "int4_vs_fp32_eager") if k in manifest["tolerances"]},
         "source": {"parity_bundle_sha256": manifest["parity_bundle"]["sha256"],
                    "tokenizer_sha256": manifest["tokenizer"]["sha256"]},
         "logits_offset": 0,

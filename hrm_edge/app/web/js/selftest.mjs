@@ -90,9 +90,11 @@ function argmaxRow(values, v, p) {
 }
 
 // fp32 programs are held to the fp32 gate; int8 ones to what quantization may cost against fp32.
+// fp32 programs are held to the fp32 gate; quantized ones to what their quantization may cost vs fp32 (int4 to the
+// int4 bounds; a bundle written before it carried them: the int8 ones). Python twin: web_bundle.WebBundle.tolerance.
 export function toleranceFor(bundle, precision) {
   const t = bundle.header.tolerances;
-  return precision === "fp32" ? t.fp32_vs_fp32_eager : t.int8_vs_fp32_eager;
+  return t[`${precision}_vs_fp32_eager`] ?? t.int8_vs_fp32_eager;
 }
 
 export async function selfTest(model, bundle, precision, onProgress) {

@@ -54,10 +54,12 @@ public final class WebBundle {
         return new WebBundle(header, windows, logits);
     }
 
-    /** fp32 programs are held to the fp32 gate; int8 ones to what quantization may cost against fp32. */
+    /** fp32 programs are held to the fp32 gate; quantized ones to what their quantization may cost against fp32
+     *  (int4 to the int4 bounds; a bundle written before it carried them: the int8 ones). */
     public ParityMetrics.Tolerance tolerance(String precision) {
         Map<String, Object> all = Json.object(header.get("tolerances"));
-        Map<String, Object> t = Json.object(all.get("fp32".equals(precision) ? "fp32_vs_fp32_eager" : "int8_vs_fp32_eager"));
+        Object own = all.get(precision + "_vs_fp32_eager");
+        Map<String, Object> t = Json.object(own != null ? own : all.get("int8_vs_fp32_eager"));
         return new ParityMetrics.Tolerance(Json.number(t.get("rel_max_abs")), Json.number(t.get("min_top1")),
                 Json.number(t.get("max_ppl_ratio")));
     }

@@ -40,6 +40,7 @@ public class WebBundleTest {
         assertArrayEquals(logits, b.logits, 0f);
         assertEquals(1e-4, b.tolerance("fp32").relMaxAbs, 0);
         assertEquals(0.97, b.tolerance("int8").minTop1, 0);
+        assertEquals(0.97, b.tolerance("int4").minTop1, 0); // a bundle without int4 bounds: the int8 ones
     }
 
     @Test
