@@ -39,6 +39,28 @@ def test_round_trip_keeps_windows_logits_and_tolerances(tmp_path):
     assert web.header["logits_offset"] % 4 == 0  # a Float32Array view needs 4-byte alignment
 
 
+def test_a_cut_or_edited_bundle_is_one_clear_error(tmp_path):
+    """Cut short, its windows or sizes edited: a UserError that says what does not fit, not an IndexError later
+    (WebBundle.java refuses the same; its test covers a cut file)."""
+    import json
+
+    manifest, bundle = synthetic_export()
+    path = write_web_bundle(tmp_path, manifest, bundle)
+    good = path.read_bytes()
+    path.write_bytes(good[:-10])
+    with pytest.raises(UserError, match="cut short or edited"):
+        read_web_bundle(path)
+    n_header = int.from_bytes(good[8:12], "little")
+    header = json.loads(good[12:12 + n_header])
+    for edit, needle in [({"windows": header["windows"][:2]}, "windows must be 3 rows of 41 token ids below 512"),
+                         ({"prefill_len": 41}, "prefill_len in 1..seq_len"), ({"seq_len": 0}, "must be >= 1")]:
+        text = json.dumps(header | edit, sort_keys=True, separators=(",", ":")).encode()
+        text += b" " * (n_header - len(text))  # the same length, so the logits stay where they were
+        path.write_bytes(good[:12] + text + good[12 + n_header:])
+        with pytest.raises(UserError, match=needle):
+            read_web_bundle(path)
+
+
 def test_bytes_are_deterministic_and_size_capped():
     manifest, bundle = synthetic_export(vocab=4096)  # the default model's vocabulary
     data = web_bundle_bytes(manifest, bundle)

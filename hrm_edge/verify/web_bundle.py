@@ -106,12 +106,36 @@ def read_web_bundle(path: Path) -> WebBundle:
     if data[:8] != MAGIC or len(data) < 12:
         raise UserError(f"{path} is not a web parity bundle (bad magic)")
     (n_header,) = struct.unpack("<I", data[8:12])
-    header = json.loads(data[12 : 12 + n_header].decode("utf-8"))
+    try:
+        header = json.loads(data[12 : 12 + n_header].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: the web bundle's header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise UserError(f"{path}: the web bundle's header is not a JSON object")
     if header.get("format_version") != FORMAT_VERSION:
         raise UserError(f"{path}: unsupported web bundle format {header.get('format_version')!r}")
+    problem = shape_problem(header, len(data), 12 + n_header)
+    if problem:
+        raise UserError(f"{path}: {problem}")
     n, s, v = header["samples"], header["seq_len"], header["vocab_size"]
     logits = np.frombuffer(data, dtype="<f4", count=n * s * v, offset=header["logits_offset"]).reshape(n, s, v)
     return WebBundle(header, np.array(header["windows"], dtype=np.int64), logits.astype(np.float32))
+
+
+def shape_problem(header: dict, size: int, header_end: int) -> str | None:
+    """What does not fit in a web bundle's header (a cut or edited file), or None. WebBundle.java checks the same."""
+    n, s, v, p = (header.get(k) for k in ("samples", "seq_len", "vocab_size", "prefill_len"))
+    if not all(isinstance(x, int) and x >= 1 for x in (n, s, v, p)) or p > s:
+        return "samples, seq_len, vocab_size must be >= 1 and prefill_len in 1..seq_len"
+    windows = header.get("windows")
+    if not (isinstance(windows, list) and len(windows) == n and all(
+            isinstance(w, list) and len(w) == s + 1 and all(isinstance(t, int) and 0 <= t < v for t in w)
+            for w in windows)):
+        return f"windows must be {n} rows of {s + 1} token ids below {v}"
+    offset = header.get("logits_offset")
+    if not isinstance(offset, int) or offset < header_end or offset + 4 * n * s * v > size:
+        return f"cut short or edited: {size:,} bytes, the header needs logits at {offset} for {4 * n * s * v:,} bytes"
+    return None
 
 
 def kv_logits(artifact_path: Path, web: WebBundle) -> np.ndarray:

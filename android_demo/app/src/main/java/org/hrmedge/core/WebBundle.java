@@ -35,6 +35,9 @@ public final class WebBundle {
         }
         ByteBuffer buf = ByteBuffer.wrap(data).order(ByteOrder.LITTLE_ENDIAN);
         int headerLength = buf.getInt(8);
+        if (headerLength < 0 || headerLength > data.length - 12) {
+            throw new IllegalArgumentException("web bundle cut short: its header needs " + headerLength + " bytes");
+        }
         Map<String, Object> header = Json.object(Json.parse(new String(data, 12, headerLength, StandardCharsets.UTF_8)));
         if (Json.number(header.get("format_version")) != 1) {
             throw new IllegalArgumentException("unsupported web bundle format " + header.get("format_version"));
@@ -46,12 +49,38 @@ public final class WebBundle {
             windows[w] = new int[row.size()];
             for (int j = 0; j < row.size(); j++) windows[w][j] = (int) Json.number(row.get(j));
         }
+        checkShape(header, windows, data.length, 12 + headerLength);
         int n = (int) (Json.number(header.get("samples")) * Json.number(header.get("seq_len"))
                 * Json.number(header.get("vocab_size")));
         float[] logits = new float[n];
         buf.position((int) Json.number(header.get("logits_offset")));
         buf.asFloatBuffer().get(logits);
         return new WebBundle(header, windows, logits);
+    }
+
+    /** What does not fit in the header (a cut or edited file) is refused here, not found deep in the self-test (the
+     *  same checks as Python's web_bundle.shape_problem). */
+    private static void checkShape(Map<String, Object> header, int[][] windows, long size, long headerEnd) {
+        double n = Json.number(header.get("samples")), s = Json.number(header.get("seq_len"));
+        double v = Json.number(header.get("vocab_size")), p = Json.number(header.get("prefill_len"));
+        if (!(n >= 1 && s >= 1 && v >= 1 && p >= 1 && p <= s)) {
+            throw new IllegalArgumentException("web bundle: samples, seq_len, vocab_size must be >= 1 and prefill_len"
+                    + " in 1..seq_len");
+        }
+        boolean rows = windows.length == (int) n;
+        for (int[] w : windows) {
+            rows &= w.length == (int) s + 1;
+            for (int t : w) rows &= t >= 0 && t < v;
+        }
+        if (!rows) {
+            throw new IllegalArgumentException("web bundle: windows must be " + (int) n + " rows of " + ((int) s + 1)
+                    + " token ids below " + (int) v);
+        }
+        double offset = Json.number(header.get("logits_offset"));
+        if (offset < headerEnd || offset + 4 * n * s * v > size) {
+            throw new IllegalArgumentException("web bundle cut short or edited: " + size + " bytes, the header needs "
+                    + "logits at " + (long) offset + " for " + (long) (4 * n * s * v) + " bytes");
+        }
     }
 
     /** fp32 programs are held to the fp32 gate; quantized ones to what their quantization may cost against fp32

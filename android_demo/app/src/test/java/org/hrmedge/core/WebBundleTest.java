@@ -3,6 +3,7 @@ package org.hrmedge.core;
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
 
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
@@ -41,6 +42,14 @@ public class WebBundleTest {
         assertEquals(1e-4, b.tolerance("fp32").relMaxAbs, 0);
         assertEquals(0.97, b.tolerance("int8").minTop1, 0);
         assertEquals(0.97, b.tolerance("int4").minTop1, 0); // a bundle without int4 bounds: the int8 ones
+    }
+
+    @Test
+    public void refusesACutBundleWithAMessage() {
+        byte[] good = bundleBytes(new float[] {1f, 2f, 3f, -1f, 0.5f, 0.25f});
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+                () -> WebBundle.read(java.util.Arrays.copyOf(good, good.length - 4)));
+        assertTrue(e.getMessage(), e.getMessage().startsWith("web bundle cut short or edited"));
     }
 
     @Test
