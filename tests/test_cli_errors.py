@@ -114,7 +114,8 @@ def test_thread_counts_seeds_and_output_paths_are_checked_first(tmp_path):
             ("hrm_edge.study", ("--out", tmp_path / "s", "--threads", "100000"), "--threads must be in 0..256"),
             ("hrm_edge.evaluate", (shipped, "--threads", "-1"), "--threads must be in 0..256"),
             ("hrm_edge.evaluate", (shipped, "--out", tmp_path / "a_file"), "is a file, not a folder"),
-            ("hrm_edge.evaluate", (shipped, "--keyboard", "--ngram", tmp_path / "a_file" / "n.npz"), "is a file, not a folder"),
+            ("hrm_edge.evaluate", (shipped, "--keyboard", "--ngram", tmp_path / "a_file" / "n.npz"),
+             "is a file, not a folder"),
             ("hrm_edge.demo", (tmp_path, "--host", ""), "--host is empty"),
             ("hrm_edge.bench", (tmp_path, "--seq-len", "0"), "--seq-len >= 1"),  # 0 meant the default
             ("hrm_edge.peers", (shipped, "--prompt-len", "0"), "--prompt-len and --new-tokens must be >= 1"),

@@ -59,7 +59,7 @@ def speculative_graphs(manifest: dict, kv: Artifact, flag: str) -> list[str]:
         if art is None:
             raise UserError(f"{flag}: no {program} graph for {kv.path} in this export; re-run python -m "
                             "hrm_edge.export")
-        if not next(iter((art.parity or {}).values()), {}).get("passed"):
+        if not art.passed_gate():
             raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
         found.append(art.path)
     return found
@@ -83,7 +83,7 @@ def files_to_load(manifest: dict, runtime: str, precision: str, speculative: boo
     two_forms = speculative or adaptive  # the first outer cycle and the rest of the depth apart
     one_program = two_forms and runtime == "executorch"  # its forward, draft, verify and skip methods
     art = pick_artifact(manifest, runtime, precision, "speculative" if one_program else "kv_cache")
-    if not next(iter((art.parity or {}).values()), {}).get("passed"):
+    if not art.passed_gate():  # on every host it was checked on
         raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
     flag = "--speculative" if speculative else "--exit-threshold"
     graphs = speculative_graphs(manifest, art, flag) if two_forms and not one_program else []

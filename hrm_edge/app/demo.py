@@ -109,7 +109,7 @@ def split_artifacts(manifest: dict, program: str) -> dict:
     verify graph (the rest of the depth) run Complete's adaptive depth; the branch graph (the draft's work for rows
     sharing one context) extends the suggestion bar's words (the draft graph does in an export without one)."""
     graphs = {a.path: a for a in manifest["artifacts"]
-              if a.program == program and a.format == "onnx" and passed_gate(a)}
+              if a.program == program and a.format == "onnx" and a.passed_gate()}
     return {a.path: graphs[a.path.replace(".kv.onnx", f".{program}.onnx")] for a in manifest["artifacts"]
             if a.program == "kv_cache" and a.path.replace(".kv.onnx", f".{program}.onnx") in graphs}
 
@@ -153,11 +153,7 @@ def page_default(arts: list) -> str:
         weights_only = art.precision == "int8" and (art.quantization or {}).get("mode") == "nbits"
         return not weights_only, art.precision != "int8", art.format != "onnx"
 
-    return min((a for a in arts if passed_gate(a)), key=rank, default=arts[0]).path
-
-
-def passed_gate(art) -> bool:
-    return bool(art.parity) and all(r.get("passed") for r in art.parity.values())
+    return min((a for a in arts if a.passed_gate()), key=rank, default=arts[0]).path
 
 
 def export_routes(out_dir: Path, manifest: dict, verify: bool, log=print) -> tuple[dict, dict]:
@@ -174,7 +170,7 @@ def export_routes(out_dir: Path, manifest: dict, verify: bool, log=print) -> tup
         depth = f", {art.cycles} outer cycle(s)" if art.cycles is not None else ""
         draft_art, branch_art, verify_art = drafts.get(art.path), branches.get(art.path), verifies.get(art.path)
         models.append({"id": art.path, "url": f"/export/{art.path}", "precision": art.precision,
-                       "format": art.format, "bytes": art.bytes, "passed": passed_gate(art),
+                       "format": art.format, "bytes": art.bytes, "passed": art.passed_gate(),
                        "draft_url": f"/export/{draft_art.path}" if draft_art else None,
                        "verify_url": f"/export/{verify_art.path}" if verify_art and draft_art else None,
                        "branch_url": f"/export/{branch_art.path}" if branch_art else None,

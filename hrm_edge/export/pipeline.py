@@ -792,8 +792,9 @@ def main(argv=None) -> int:
                         "same with 4-bit grouped weights, as ExecuTorch's Llama (gated with the preset's int4 bounds); "
                         "pt2e: ExecuTorch program with static PT2E XNNPACKQuantizer int8 (per-step scales by "
                         "construction; its quality is below the gate on the tiny preset, see README)")
-    p.add_argument("--calib-samples", type=int, help="calibration windows (default: the quant table of the checkpoint's "
-                   "train_state.json, or of --preset's preset: 64 for the shipped model)")
+    p.add_argument("--calib-samples", type=int,
+                   help="calibration windows (default: the quant table of the checkpoint's train_state.json, or of "
+                        "--preset's preset: 64 for the shipped model)")
     p.add_argument("--calib-corpus", type=text_arg,
                    help="text file or folder to calibrate on instead of the corpus's calibration split")
     p.add_argument("--cycles", help="depth dial: also export the model run with K outer cycles (comma-separated, "

@@ -172,8 +172,8 @@ def main(argv=None) -> int:
                    "trained on the corpus's training split and saved there (default: OUT/keyboard-ngram.npz)")
     p.add_argument("--keyboard-graph", type=path_arg, help="--keyboard: suggest through this exported KV graph (e.g. "
                    "the page's EXPORT/hrm.int8-nbits.kv.onnx) instead of the eager checkpoint (one checkpoint); the "
-                   "words are extended by the .branch.onnx graph beside it (else the .draft.onnx) when there is one, as "
-                   "on the page")
+                   "words are extended by the .branch.onnx graph beside it (else the .draft.onnx) when there is one, "
+                   "as on the page")
     p.add_argument("--keyboard-page-form", action="store_true", help="--keyboard-graph: run the graphs as the demo "
                    "serves them to the page (8-bit MatMulNBits as float MatMuls over the same 8-bit weights, which is "
                    "what the page computes; hrm_edge/app/shared_weights.py)")

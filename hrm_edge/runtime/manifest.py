@@ -82,6 +82,10 @@ class Artifact:
                                f"missing field(s) {', '.join(missing)}"))
         return cls(**entry)
 
+    def passed_gate(self) -> bool:
+        """Every parity verdict recorded for it (one per kind of host CPU it was checked on) passed."""
+        return bool(self.parity) and all(r.get("passed") for r in self.parity.values())
+
     def record_parity(self, target: str, result: dict) -> None:
         """The gate's result on this host (`target` = its CPU architecture); replaces an earlier one."""
         self.parity = (self.parity or {}) | {target: result}

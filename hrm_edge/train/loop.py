@@ -461,9 +461,9 @@ def main(argv=None) -> int:
     if (a.threads is not None and not 0 <= a.threads <= 256) or (a.seed is not None and not 0 <= a.seed < 2**32):
         raise UserError("--threads must be in 0..256 and --seed in 0..4294967295")
     if a.halting_head:
-        refuse_given([f for f, given in (("--preset", a.preset != p.get_default("preset")), ("--out", a.out is not None),
-                                         ("--steps", a.steps is not None), ("--resume", a.resume),
-                                         ("--speed-test", a.speed_test)) if given], "--halting-head")
+        training = (("--preset", a.preset != p.get_default("preset")), ("--out", a.out is not None),
+                    ("--steps", a.steps is not None), ("--resume", a.resume), ("--speed-test", a.speed_test))
+        refuse_given([flag for flag, given in training if given], "--halting-head")
         if a.threads:
             torch.set_num_threads(a.threads)
         train_halting_head(a.halting_head, a.corpus, seed=a.seed or 0)

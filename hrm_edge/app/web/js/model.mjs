@@ -36,7 +36,8 @@ export async function loadTokenizer(url) {
 // (the ByteLevel pre-tokenizer's regex, which looks only forward, begins a new piece at that line break, and BPE
 // and the added tokens <|bos|> <|eos|> stay within pieces), so the ids of the latest such start at least
 // KEEP_BACK_CHARS before the end are kept and a keystroke encodes the rest. A text that does not go on from the
-// kept start with its line break (an edit before it, or text typed where the line break was) starts over. The same ids as encodeAll(text) (tests/test_keyboard.py).
+// kept start with its line break (an edit before it, or text typed where the line break was) starts over. The same
+// ids as encodeAll(text) (tests/test_keyboard.py).
 const KEEP_BACK_CHARS = 64;
 export function keptStartEncoder(encodeAll) {
   let kept = { text: "", ids: [] };
