@@ -156,6 +156,15 @@ def test_artifact_new_fills_runtime_and_backend_and_omits_absent_fields():
     assert onnx["runtime"] == "onnxruntime" and "backend" not in onnx and onnx["prefill_len"] == 8
 
 
+def test_an_artifact_passed_the_gate_only_if_every_recorded_verdict_passed():
+    """complete and the demo run an artifact only if every host's verdict passed (complete read the first one)."""
+    art = Artifact.from_json(ENTRIES[0])
+    assert art.passed_gate()
+    art.record_parity("aarch64", {"passed": False, "reason": "top-1 agreement 0.5 < 0.999"})
+    assert not art.passed_gate()
+    assert not Artifact.from_json({**ENTRIES[0], "parity": {}}).passed_gate()  # never checked
+
+
 def test_artifact_rejects_unknown_or_missing_fields():
     with pytest.raises(UserError, match="unknown field"):
         Artifact.from_json(ENTRIES[0] | {"colour": "red"})
