@@ -427,11 +427,15 @@ def check_summary(result: dict) -> str:
                      f"top-1 {c['top1_agreement']:.4f}" for c in result.get("checks", []) if "top1_agreement" in c)
 
 
+def unchanged(path: Path, sha256: str) -> bool:
+    return path.is_file() and sha256_file(path) == sha256
+
+
 def checked_bundle(out_dir: Path, manifest: dict, recompute_reference: bool, failures: list) -> dict | None:
     """The parity bundle if its sha256 matches the manifest (and, if asked, the eager model still computes
     its fp32 logits); otherwise None, with the reason appended to `failures`."""
     bundle_path = out_dir / manifest["parity_bundle"]["path"]
-    if not bundle_path.is_file() or sha256_file(bundle_path) != manifest["parity_bundle"]["sha256"]:
+    if not unchanged(bundle_path, manifest["parity_bundle"]["sha256"]):
         failures.append(f"parity bundle {bundle_path.name} is missing or modified (sha256)")
         return None
     bundle = load_bundle(bundle_path)
@@ -443,10 +447,6 @@ def checked_bundle(out_dir: Path, manifest: dict, recompute_reference: bool, fai
         if reason:
             failures.append(reason)
     return bundle
-
-
-def unchanged(path: Path, sha256: str) -> bool:
-    return path.is_file() and sha256_file(path) == sha256
 
 
 def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, log=print,
