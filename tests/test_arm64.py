@@ -104,7 +104,7 @@ def assert_close_to_x86(art: dict, r: dict) -> None:
     it (static int8 ONNX: 3e-6 with per-step scales, 2.2e-2 with the shared scale), and XNNPACK's dynamic int8
     kernels round the per-token activation quantization differently on x86 and ARM (2.3e-2 = 1.3e-3 x range); the
     bound is the int8 gate's vs-own-reference 1e-2 x range, the same reasoning as that tolerance."""
-    logit_range = r["checks"][-1]["logit_range"]  # every artifact's last check is against fp32 eager
+    logit_range = max(c["logit_range"] for c in r["checks"])  # the model's logits on held-out windows, each check
     bound = (1e-4 if art["precision"] == "fp32" else 1e-2) * logit_range
     assert r["x86_vs_arm64_max_abs"] is not None and r["x86_vs_arm64_max_abs"] <= bound, (art["path"], r)
     assert r["x86_vs_arm64_top1_agreement"] >= (0.999 if art["precision"] == "fp32" else 0.99), (art["path"], r)

@@ -205,7 +205,9 @@ def test_int8_artifacts_pass_and_are_recorded(tiny_export):
         assert a["bytes"] < 0.6 * fp32[a["format"]]["bytes"], "int8 must be a fraction of the fp32 artifact"
         if a["program"] == "branch":  # one check, against its reference's first cycle (test_speculative_graphs_...)
             continue
-        vs_ref, vs_fp32 = r["checks"]
+        vs_ref, vs_fp32 = r["checks"][:2]
+        if a["program"] == "draft":  # then its own readout against its reference's first cycle
+            assert r["checks"][2]["reference"].endswith("(the draft's own readout)") and len(r["checks"]) == 3
         assert vs_ref["reference"].startswith(f"{a['precision']} eager reference")
         assert vs_fp32["reference"].startswith("fp32 eager")
         # tighter against its own int8 reference than against fp32
@@ -310,6 +312,16 @@ def test_speculative_graphs_pass_as_a_set(tiny_export):
         assert r["max_abs_logit_error"] <= r["tolerance"]["max_abs_logit_error"]
         assert ("artifact's exits" if a["precision"] == "fp32" else "bundle's") in r["compared_with"]
     assert not [a for a in spec if a["program"] == "draft" and "adaptive" in next(iter(a["parity"].values()))]
+    # a draft graph's own readout is checked too (its set's verify rounds return the verify graph's logits): against
+    # its reference's first cycle; a reference that is off by +0.5 everywhere fails it
+    from hrm_edge.runtime.manifest import Artifact
+    from hrm_edge.verify.parity import FP32_TOLERANCE, adaptive_key, draft_check, load_bundle
+
+    draft = Artifact.from_json(next(a for a in spec if a["path"] == "hrm.fp32.draft.onnx"))
+    bundle = load_bundle(tiny_export / "parity_bundle.npz")
+    assert draft_check(tiny_export / draft.path, draft, bundle, FP32_TOLERANCE)["passed"]
+    key = adaptive_key(draft) + "/first_cycle"
+    assert not draft_check(tiny_export / draft.path, draft, bundle | {key: bundle[key] + 0.5}, FP32_TOLERANCE)["passed"]
     with np.load(tiny_export / "parity_bundle.npz") as bundle:
         assert {"reference/adaptive/fp32/exited", "reference/adaptive/hrm.int8-dynamic.kv.pte/logits",
                 "reference/adaptive/hrm.int8-static-perstep.onnx/logits"} <= set(bundle.files)

@@ -157,6 +157,11 @@ def run_pte(path: Path, tokens: np.ndarray) -> np.ndarray:
     return np.concatenate(outs, axis=0)
 
 
+def own_tolerance(art: Artifact, tol: dict) -> Tolerance:
+    """An artifact's bound against its own eager reference: fp32's, or the one quantized artifacts share."""
+    return Tolerance(**tol["fp32_vs_fp32_eager" if art.precision == "fp32" else "int8_vs_int8_reference"])
+
+
 def kv_decoder(path: Path, fmt: str):
     return OnnxDecoder(path) if fmt in ("onnx", "ort") else PteDecoder(path)
 
@@ -194,9 +199,9 @@ def branch_logits(path: Path, tokens: np.ndarray, prefill_len: int) -> np.ndarra
     return np.concatenate(out)
 
 
-def branch_reference(bundle: dict, art: Artifact) -> tuple[np.ndarray, np.ndarray, str] | None:
-    """(reference logits, targets, name) that branch_logits' output is compared with: the first-cycle eager logits of
-    the artifact's eager reference (fp32, or its quantized twin), each window repeated per row; None if not stored."""
+def first_cycle_reference(bundle: dict, art: Artifact) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """(reference logits [BRANCH_WINDOWS, BRANCH_TOKENS, V], targets, name): the first-cycle eager logits of the
+    artifact's eager reference (fp32, or its quantized twin) after each window's prefill; None if not stored."""
     key = adaptive_key(art) + "/first_cycle"
     if key not in bundle:
         return None
@@ -204,7 +209,31 @@ def branch_reference(bundle: dict, art: Artifact) -> tuple[np.ndarray, np.ndarra
     targets = bundle["windows"][:BRANCH_WINDOWS, p + 1: p + 1 + BRANCH_TOKENS]
     name = ("fp32 eager, first outer cycle" if art.precision == "fp32"
             else f"{art.precision} eager reference, first cycle")
-    return np.repeat(bundle[key], BRANCH_ROWS, axis=0), np.repeat(targets, BRANCH_ROWS, axis=0), name
+    return bundle[key], targets, name
+
+
+def branch_reference(bundle: dict, art: Artifact) -> tuple[np.ndarray, np.ndarray, str] | None:
+    """first_cycle_reference with each window repeated per row: what branch_logits' output is compared with."""
+    found = first_cycle_reference(bundle, art)
+    if found is None:
+        return None
+    reference, targets, name = found
+    return np.repeat(reference, BRANCH_ROWS, axis=0), np.repeat(targets, BRANCH_ROWS, axis=0), name
+
+
+def draft_check(path: Path, art: Artifact, bundle: dict, tol: Tolerance) -> dict | None:
+    """A draft graph's own readout, which its set's verify rounds never compare (they return the verify graph's
+    logits): the graph run as a KV model (prefill, then a token a call; its cache is the first cycle's slots, the
+    same in either case) against its reference's first cycle on the branch check's windows. None where the bundle
+    has no first-cycle reference (an export from before the adaptive references)."""
+    found = first_cycle_reference(bundle, art)
+    if found is None:
+        return None
+    reference, targets, name = found
+    p = art.prefill_len
+    tokens = bundle["windows"][:BRANCH_WINDOWS, :-1][:, : p + BRANCH_TOKENS]  # as branch_logits reads them
+    logits = decode_logits(kv_decoder(path, art.format), tokens, p)
+    return compare(logits[:, p:], reference, targets, tol, f"{name} (the draft's own readout)")
 
 
 def run_artifact(path: Path, art: Artifact, tokens: np.ndarray) -> np.ndarray:
@@ -298,7 +327,7 @@ def artifact_adaptive(out_dir: Path, art: Artifact, bundle: dict, tol: dict, eag
     """check_artifact's adaptive_check of a set: with the artifact's own tolerance (vs fp32 eager for fp32, vs its
     eager reference when quantized), against the fp32 eager model where it may run (eager, torch, the checkpoint in
     out_dir). A runtime error fails it, as run_artifact's fails the artifact."""
-    own = Tolerance(**tol["fp32_vs_fp32_eager" if art.precision == "fp32" else "int8_vs_int8_reference"])
+    own = own_tolerance(art, tol)
     runs_eager = (eager and art.precision == "fp32" and importlib.util.find_spec("torch") is not None
                   and all((out_dir / f).is_file() for f in ("config.json", "model.safetensors")))
     try:
@@ -352,6 +381,7 @@ def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_byt
     windows = bundle["windows"]
     try:
         logits = run_artifact(path, art, windows[:, :-1])
+        draft = draft_check(path, art, bundle, own_tolerance(art, tol)) if art.program == "draft" else None
     except Exception as e:  # a runtime that cannot load or run the artifact fails it; it is not a crash
         return {"passed": False, "reason": f"{art.format} runtime error: {type(e).__name__}: {str(e)[:300]}"}
     if logits_out is not None:
@@ -359,6 +389,7 @@ def check_artifact(out_dir: Path, art: Artifact, bundle: dict, unique_weight_byt
     checks = reference_checks(art, logits, bundle, tol)
     if isinstance(checks, str):
         return {"passed": False, "reason": checks}
+    checks += [draft] if draft else []
     reasons = [f"vs {c['reference']}: {c['reason']}" for c in checks if not c["passed"]]
     adaptive = artifact_adaptive(out_dir, art, bundle, tol, eager) if art.program in ADAPTIVE_PROGRAMS else None
     reasons += [f"adaptive depth: {adaptive['reason']}"] if adaptive and not adaptive["passed"] else []
@@ -380,7 +411,7 @@ def reference_checks(art: Artifact, logits: np.ndarray, bundle: dict, tol: dict)
     fp32 with the fp32 model (a depth-dial artifact at its own depth); a quantized one with its own eager reference
     (the runtime computes what was asked: the same bound at 8 and 4 bits) and with fp32 (what quantization costs,
     with the bounds of its precision); a branch graph with its reference's first cycle."""
-    own = Tolerance(**tol["fp32_vs_fp32_eager" if art.precision == "fp32" else "int8_vs_int8_reference"])
+    own = own_tolerance(art, tol)
     if art.program == "branch":
         found = branch_reference(bundle, art)
         if found is None:
