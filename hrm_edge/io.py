@@ -94,17 +94,15 @@ def refuse_unused(parser: argparse.ArgumentParser, args: argparse.Namespace, fla
         return
     dests = {f: f.lstrip("-").replace("-", "_") for f in flags}
     given = [f for f, d in dests.items() if getattr(args, d) != parser.get_default(d)]
-    if given:
-        raise UserError(f"{', '.join(given)} only {'applies' if len(given) == 1 else 'apply'} with {mode}: "
-                        f"add {mode}, or leave {'it' if len(given) == 1 else 'them'} out")
+    refuse_flags(given, (f"only applies with {mode}", f"only apply with {mode}"), f"add {mode}, or ")
 
 
-def refuse_given(given: list[str], mode: str) -> None:
-    """Flags `given` that `mode` (a flag that does other work) never reads: a user error, instead of ignoring them."""
+def refuse_flags(given: list[str], why: tuple[str, str], fix: str = "") -> None:
+    """Flags `given` that this run would ignore: a user error instead, `--a, --b WHY: FIX leave them out`, with why's
+    singular or plural form (("applies ...", "apply ...")) and "it" for one flag."""
     if given:
         one = len(given) == 1
-        raise UserError(f"{', '.join(given)} {'does' if one else 'do'} not apply with {mode}: leave "
-                        f"{'it' if one else 'them'} out")
+        raise UserError(f"{', '.join(given)} {why[0] if one else why[1]}: {fix}leave {'it' if one else 'them'} out")
 
 
 def check_writable_dir(path: Path) -> Path:

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hrm_edge.io import path_arg, refuse_unused
+from hrm_edge.io import path_arg, refuse_flags, refuse_unused
 from hrm_edge.errors import ArgumentParser, UserError, first_line, run_cli
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
@@ -237,10 +237,9 @@ def main(argv=None) -> int:
         raise UserError("--repetition-penalty must be in [1, 10] (1 = off)")
     sampling_flags = [flag for flag, value, off in (("--top-k", a.top_k, 0), ("--top-p", a.top_p, 1),
                                                     ("--seed", a.seed, 0)) if value != off]
-    if a.temperature == 0 and sampling_flags:  # greedy would ignore them without a word
-        one = len(sampling_flags) == 1
-        raise UserError(f"{', '.join(sampling_flags)} {'applies' if one else 'apply'} only when sampling: add "
-                        f"--temperature T > 0, or leave {'it' if one else 'them'} out")
+    if a.temperature == 0:  # greedy would ignore them without a word
+        refuse_flags(sampling_flags, ("applies only when sampling", "apply only when sampling"),
+                     "add --temperature T > 0, or ")
     prompt = read_prompt(a.prompt)
     manifest = read_manifest(a.artifacts, needs=("model", "tokenizer"))
     t_verify = time.perf_counter()

@@ -48,7 +48,7 @@ from hrm_edge.config import DataConfig
 from hrm_edge.train.dataset import (CORPUS_FORMAT, RECORD, SPLITS, _bucket, _stdlib_files, default_corpus_cache,
                            document_order, encode_documents, is_built_corpus, listing_sha256)
 from hrm_edge.errors import ArgumentParser, UserError
-from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, refuse_given, sha256_file
+from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, refuse_flags, sha256_file
 from hrm_edge.train.tokenizer import train_tokenizer
 
 RECIPE = Path(__file__).with_name("corpus_recipe.tsv")
@@ -599,9 +599,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= a.jobs <= 64 or a.project_cap < 1:
         raise UserError("--jobs must be in 1..64 and --project-cap >= 1")
     if a.pin:  # the flags that shape a build, which --pin does not do
-        refuse_given([f for f, given in (("--out", a.out is not None), ("--recipe", a.recipe != RECIPE),
+        refuse_flags([f for f, given in (("--out", a.out is not None), ("--recipe", a.recipe != RECIPE),
                                          ("--project-cap", a.project_cap != PROJECT_CAP_BYTES),
-                                         ("--no-stdlib-reference", a.no_stdlib_reference)) if given], "--pin")
+                                         ("--no-stdlib-reference", a.no_stdlib_reference)) if given],
+                     ("does not apply with --pin", "do not apply with --pin"))
     cache = check_writable_dir((a.cache or default_corpus_cache()).expanduser())  # before any download
     progress = not a.no_progress
     if a.pin:

@@ -38,7 +38,7 @@ from hrm_edge.train.dataset import (Corpus, bytes_per_token, check_corpus, encod
                                     random_batch)
 from hrm_edge.train.halting import train_halting_head
 from hrm_edge.errors import ArgumentParser, UserError
-from hrm_edge.io import (atomic_write_text, check_writable_dir, path_arg, refuse_given, removed_if_failed, some_names,
+from hrm_edge.io import (atomic_write_text, check_writable_dir, path_arg, refuse_flags, removed_if_failed, some_names,
                          text_arg)
 from hrm_edge.model.lm import HRMLM, parameter_counts
 from hrm_edge.train.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
@@ -463,7 +463,8 @@ def main(argv=None) -> int:
     if a.halting_head:
         training = (("--preset", a.preset != p.get_default("preset")), ("--out", a.out is not None),
                     ("--steps", a.steps is not None), ("--resume", a.resume), ("--speed-test", a.speed_test))
-        refuse_given([flag for flag, given in training if given], "--halting-head")
+        refuse_flags([flag for flag, given in training if given],
+                     ("does not apply with --halting-head", "do not apply with --halting-head"))
         if a.threads:
             torch.set_num_threads(a.threads)
         train_halting_head(a.halting_head, a.corpus, seed=a.seed or 0)
@@ -475,7 +476,8 @@ def main(argv=None) -> int:
     if a.threads is not None:
         preset.train.threads = a.threads
     if a.speed_test:
-        refuse_given(["--resume"] if a.resume else [], "--speed-test")
+        refuse_flags(["--resume"] if a.resume else [],
+                     ("does not apply with --speed-test", "do not apply with --speed-test"))
         return speed_test(preset, a.steps or 12, a.out)
     if a.out is None:
         raise UserError("--out is required (the checkpoint folder to write)")
