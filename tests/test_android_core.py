@@ -2,8 +2,10 @@
 its JUnit 4 tests run, and its numbers compared with Python's on the same files (web parity bundle metrics,
 tokenizer ids). CI does not read JUnit's summary, so pytest parses it and fails on any failure or no tests."""
 import json
+import random
 import re
 import shutil
+import string
 import subprocess
 from pathlib import Path
 
@@ -95,12 +97,16 @@ def test_java_metrics_equal_hrm_edge_parity(classes, tmp_path, precision):
 
 
 def test_java_tokenizer_equals_python_tokenizers(classes, tmp_path):
-    """The shipped model's tokenizer.json: the same ids as HF tokenizers, and the same decoded text."""
+    """The shipped model's tokenizer.json: the same ids as HF tokenizers, and the same decoded text, long words
+    included."""
     from hrm_edge.train.tokenizer import load_tokenizer
 
     path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
     texts = [(REPO / "hrm_edge" / "runtime" / "decoders.py").read_text()[:3000], "import os\ndef ", "x = 'it''s'  \n\n\t  y",
-             "naïve café — 日本語 😀 1234567 3.14", "<|bos|>start<|eos|>", "    return self._cache[key]  # héllo\r\n"]
+             "naïve café — 日本語 😀 1234567 3.14", "<|bos|>start<|eos|>", "    return self._cache[key]  # héllo\r\n",
+             # words of thousands of letters (a pasted key or hash is one word; ByteLevelBpe merges from a heap)
+             "key = '" + "".join(random.Random(0).choices(string.ascii_letters, k=5000)) + "'",
+             "a" * 5001 + " " + "ab" * 2500]
     (tmp_path / "texts.json").write_text(json.dumps(texts))
     proc = java(classes, "org.hrmedge.core.CoreCli", "tokenize", path, tmp_path / "texts.json")
     assert proc.returncode == 0, proc.stderr

@@ -6,6 +6,7 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.PriorityQueue;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -112,19 +113,37 @@ public final class ByteLevelBpe {
         }
     }
 
-    /** Merge the pair with the lowest rank until none is left (the BPE model with its merges list). */
+    /**
+     * Merge the pair with the lowest rank (the leftmost of equal ones) until none is left: the BPE model with its
+     * merges list. The pairs wait in a heap, so a word of n bytes takes O(n log n) steps, not the O(n^2) of
+     * rescanning it after every merge (a pasted minified line or base64 blob is one word of thousands of bytes).
+     */
     private int[] bpe(String word) {
-        List<String> parts = new ArrayList<>();
-        for (int i = 0; i < word.length(); i++) parts.add(String.valueOf(word.charAt(i)));
-        while (parts.size() > 1) {
-            int bestRank = Integer.MAX_VALUE, best = -1;
-            for (int i = 0; i + 1 < parts.size(); i++) {
-                Integer rank = mergeRank.get(parts.get(i) + " " + parts.get(i + 1));
-                if (rank != null && rank < bestRank) { bestRank = rank; best = i; }
-            }
-            if (best < 0) break;
-            parts.set(best, parts.get(best) + parts.remove(best + 1));
+        int n = word.length();
+        String[] part = new String[n]; // part[i]: the symbol starting at byte i (null once merged into the left one)
+        int[] next = new int[n], prev = new int[n];
+        for (int i = 0; i < n; i++) {
+            part[i] = String.valueOf(word.charAt(i));
+            next[i] = i + 1 < n ? i + 1 : -1;
+            prev[i] = i - 1;
         }
+        PriorityQueue<int[]> pairs = new PriorityQueue<>( // {rank, left symbol's start}
+                (a, b) -> a[0] != b[0] ? Integer.compare(a[0], b[0]) : Integer.compare(a[1], b[1]));
+        for (int i = 0; i + 1 < n; i++) offer(pairs, part, next, i);
+        while (!pairs.isEmpty()) {
+            int[] top = pairs.poll();
+            int left = top[1], right = next[left];
+            // a pair whose symbols changed since it was queued is stale: its rank names the pair it was
+            if (part[left] == null || right < 0 || !Integer.valueOf(top[0]).equals(rank(part, left, right))) continue;
+            part[left] = part[left] + part[right];
+            part[right] = null;
+            next[left] = next[right];
+            if (next[left] >= 0) prev[next[left]] = left;
+            if (prev[left] >= 0) offer(pairs, part, next, prev[left]);
+            offer(pairs, part, next, left);
+        }
+        List<String> parts = new ArrayList<>();
+        for (int i = 0; i >= 0 && i < n; i = next[i]) parts.add(part[i]);
         int[] ids = new int[parts.size()];
         for (int i = 0; i < ids.length; i++) {
             Integer id = vocab.get(parts.get(i));
@@ -132,6 +151,15 @@ public final class ByteLevelBpe {
             ids[i] = id;
         }
         return ids;
+    }
+
+    private Integer rank(String[] part, int left, int right) {
+        return mergeRank.get(part[left] + " " + part[right]);
+    }
+
+    private void offer(PriorityQueue<int[]> pairs, String[] part, int[] next, int left) {
+        Integer rank = next[left] < 0 ? null : rank(part, left, next[left]);
+        if (rank != null) pairs.add(new int[] {rank, left});
     }
 
     /** The bytes token id spells (none for a special token or an unknown id): what token healing compares. */
