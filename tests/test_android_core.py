@@ -118,6 +118,28 @@ def test_java_tokenizer_equals_python_tokenizers(classes, tmp_path):
         assert json.loads(lines[2 * i + 1]) == tok.decode(ids), text[:60]
 
 
+def test_java_decodes_invalid_utf8_like_python(classes, tmp_path):
+    """ByteLevelBpe.decode on byte tokens in any order (a model may emit them so): the same U+FFFD as HF tokenizers
+    (one per maximal invalid subpart; the JDK's own decoder gives one for an encoded surrogate, Python three)."""
+    from hrm_edge.runtime.healing import token_bytes
+    from hrm_edge.train.tokenizer import load_tokenizer
+
+    path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
+    tok = load_tokenizer(path)
+    byte_id = {b[0]: i for i, b in enumerate(token_bytes(tok)) if len(b) == 1}
+    rng = random.Random(0)
+    lead = [0xC0, 0xC2, 0xDF, 0xE0, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xFF]
+    cases = [b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe0\x80\x80", b"\xf0\x9f\x98", b"\xc0\xaf", "aé😀".encode()]
+    cases += [bytes(rng.choice(lead + [0x41, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF]) for _ in range(rng.randint(1, 8)))
+              for _ in range(400)]
+    ids = [[byte_id[b] for b in case] for case in cases]
+    (tmp_path / "ids.json").write_text(json.dumps(ids))
+    proc = java(classes, "org.hrmedge.core.CoreCli", "decode", path, tmp_path / "ids.json")
+    assert proc.returncode == 0, proc.stderr
+    for case, line, row in zip(cases, proc.stdout.splitlines(), ids, strict=True):
+        assert json.loads(line) == tok.decode(row) == case.decode("utf-8", "replace"), case
+
+
 def typed_code(chars: int, backspaces: int) -> tuple[str, list[str]]:
     """(code, the texts of typing it): the first `chars` characters of suggest.py and a tail of spaces, CRLF, tabs
     and a special token, typed a key at a time, then `backspaces` deleted one at a time, then an edit at its start;

@@ -182,6 +182,49 @@ public final class ByteLevelBpe {
                 if (b != null) bytes.write(b);
             }
         }
-        return new String(bytes.toByteArray(), StandardCharsets.UTF_8);
+        byte[] all = bytes.toByteArray();
+        return decodeUtf8(all, 0, all.length);
+    }
+
+    /**
+     * UTF-8 with each maximal invalid subpart replaced by one U+FFFD, as Python's {@code errors="replace"}, Rust's
+     * {@code from_utf8_lossy} (HF tokenizers) and the page's TextDecoder do. The JDK's decoder differs on some
+     * invalid input (an encoded surrogate, ED A0 80, is one U+FFFD there and three in Python), and the chips'
+     * character counts must be the same in every client.
+     */
+    public static String decodeUtf8(byte[] data, int offset, int length) {
+        StringBuilder out = new StringBuilder(length);
+        int needed = 0, seen = 0, codePoint = 0, lower = 0x80, upper = 0xBF;
+        for (int i = offset; i < offset + length; i++) {
+            int b = data[i] & 0xFF;
+            if (needed == 0) {
+                if (b < 0x80) out.append((char) b);
+                else if (b >= 0xC2 && b <= 0xDF) { needed = 1; codePoint = b & 0x1F; }
+                else if (b >= 0xE0 && b <= 0xEF) {
+                    needed = 2; codePoint = b & 0x0F;
+                    if (b == 0xE0) lower = 0xA0; // no overlong form
+                    if (b == 0xED) upper = 0x9F; // no surrogate
+                } else if (b >= 0xF0 && b <= 0xF4) {
+                    needed = 3; codePoint = b & 0x07;
+                    if (b == 0xF0) lower = 0x90;
+                    if (b == 0xF4) upper = 0x8F; // nothing above U+10FFFF
+                } else out.append('\ufffd');
+                continue;
+            }
+            if (b < lower || b > upper) { // the character so far ends here; b is read again as a first byte
+                out.append('\ufffd');
+                needed = seen = 0; lower = 0x80; upper = 0xBF;
+                i--;
+                continue;
+            }
+            lower = 0x80; upper = 0xBF;
+            codePoint = (codePoint << 6) | (b & 0x3F);
+            if (++seen == needed) {
+                out.appendCodePoint(codePoint);
+                needed = seen = 0;
+            }
+        }
+        if (needed != 0) out.append('\ufffd');
+        return out.toString();
     }
 }

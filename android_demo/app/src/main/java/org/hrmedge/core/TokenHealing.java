@@ -1,6 +1,5 @@
 package org.hrmedge.core;
 
-import java.nio.charset.StandardCharsets;
 import java.util.Arrays;
 
 /**
@@ -65,6 +64,6 @@ public final class TokenHealing {
             at += vocabBytes[id].length;
         }
         int skip = Math.min(prefix.length, n);
-        return new String(all, skip, n - skip, StandardCharsets.UTF_8);
+        return ByteLevelBpe.decodeUtf8(all, skip, n - skip);
     }
 }

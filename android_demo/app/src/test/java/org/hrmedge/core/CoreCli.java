@@ -18,6 +18,7 @@ import java.util.StringJoiner;
  *   parity BUNDLE LOGITS PRECISION   logits: raw little-endian float32 [samples * seqLen * vocab]; prints JSON
  *   tokenize TOKENIZER_JSON TEXTS    texts: a JSON array of strings; prints one line of ids and one decoded
  *                                    JSON string per text
+ *   decode TOKENIZER_JSON IDS        ids: a JSON array of id lists; prints the decoded JSON string of each
  *   typed TOKENIZER_JSON TEXTS       texts: a JSON array of strings, typed in that order; prints per text the ids
  *                                    WordSuggester.KeptStartEncoder gives and the characters of the start it kept
  *   suggest TOKENIZER_JSON JOB       job: {vocab, allowed, max_seq_len, draft_seed, sequences: [[text, ...], ...]};
@@ -54,6 +55,14 @@ public final class CoreCli {
                 StringJoiner line = new StringJoiner(",", "[", "]");
                 for (int id : ids) line.add(Integer.toString(id));
                 System.out.println(line);
+                System.out.println(quote(tok.decode(ids)));
+            }
+        } else if (args.length == 3 && args[0].equals("decode")) {
+            ByteLevelBpe tok = new ByteLevelBpe(Files.readString(Path.of(args[1]), StandardCharsets.UTF_8));
+            for (Object list : Json.array(Json.parse(Files.readString(Path.of(args[2]), StandardCharsets.UTF_8)))) {
+                List<Object> values = Json.array(list);
+                int[] ids = new int[values.size()];
+                for (int i = 0; i < ids.length; i++) ids[i] = (int) Json.number(values.get(i));
                 System.out.println(quote(tok.decode(ids)));
             }
         } else if (args.length == 3 && args[0].equals("typed")) {
