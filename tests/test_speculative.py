@@ -196,16 +196,25 @@ def test_cached_forms_continue_the_full_model():
     np.testing.assert_allclose(cycle1.numpy(), reference[0][0, 8].numpy(), atol=2e-4, rtol=0)
 
 
+def made(jobs) -> list[str]:
+    """The programs a list of PteJob writes, in order: each job's, then the KV program it writes too."""
+    return [name for j in jobs for name in (j.name, j.kv) if name]
+
+
 def test_the_export_lowers_a_speculative_program_beside_each_full_depth_kv_program():
     """fp32, and int8 where the dynamic int8 KV program is built, sharing its eager reference (the same quantized
-    model); the plain KV programs stay; slowest first; none for a model without a first cycle to draft with."""
+    model) and writing it (its forward method); the plain KV programs stay; slowest first; none for a model without a
+    first cycle to draft with."""
     cfg = ModelConfig(H_cycles=2, L_cycles=3)
     jobs = {j.name: j for j in pte_jobs(cfg, ("static", "dynamic"), (1,))}
     assert list(jobs)[0] == "hrm.int8-dynamic.spec.pte"
-    assert {"hrm.fp32.spec.pte", "hrm.fp32.kv.pte", "hrm.int8-dynamic.kv.pte", "hrm.fp32.pte"} <= set(jobs)
+    assert made(jobs.values()) == ["hrm.int8-dynamic.spec.pte", "hrm.int8-dynamic.kv.pte", "hrm.fp32.pte",
+                                   "hrm.fp32.spec.pte", "hrm.fp32.kv.pte", "hrm.int8-dynamic.c1.kv.pte"]
     spec = jobs["hrm.int8-dynamic.spec.pte"]
-    assert (spec.precision, spec.program, spec.reference) == ("int8", "speculative", "hrm.int8-dynamic.kv.pte")
-    assert jobs["hrm.fp32.spec.pte"].reference is None and jobs["hrm.int8-dynamic.c1.kv.pte"].program == "kv_cache"
+    assert (spec.precision, spec.program, spec.reference, spec.kv) == ("int8", "speculative", "hrm.int8-dynamic.kv.pte",
+                                                                       "hrm.int8-dynamic.kv.pte")
+    assert jobs["hrm.fp32.spec.pte"].reference is None and jobs["hrm.fp32.spec.pte"].kv == "hrm.fp32.kv.pte"
+    assert jobs["hrm.int8-dynamic.c1.kv.pte"].program == "kv_cache"
     assert [j.name for j in pte_jobs(cfg, ("static",), ()) if j.program == "speculative"] == ["hrm.fp32.spec.pte"]
     for other in (ModelConfig(arch="transformer"), ModelConfig(H_cycles=1)):
         assert not [j for j in pte_jobs(other, ("dynamic",), ()) if j.program == "speculative"]
@@ -213,16 +222,19 @@ def test_the_export_lowers_a_speculative_program_beside_each_full_depth_kv_progr
 
 def test_pte_programs_choose_the_kinds_lowered():
     """--pte-programs: only the kinds asked for, in the same order; an int8 speculative program without its KV
-    program computes its own eager reference; the depth dial's programs are KV programs."""
+    program computes its own eager reference and writes no KV program; the depth dial's programs are KV programs."""
     cfg = ModelConfig(H_cycles=2, L_cycles=3)
-    every = pte_jobs(cfg, ("static", "dynamic"), (1,))
+    every = made(pte_jobs(cfg, ("static", "dynamic"), (1,)))
+    programs = {"hrm.fp32.pte": "full_sequence", "hrm.int8-dynamic.spec.pte": "speculative",
+                "hrm.fp32.spec.pte": "speculative"}
     for kinds in (("kv_cache",), ("speculative",), ("full_sequence", "speculative"), ("kv_cache", "speculative")):
-        jobs = pte_jobs(cfg, ("static", "dynamic"), (1,), kinds)
-        assert [j.name for j in jobs] == [j.name for j in every if j.program in kinds], kinds
+        names = made(pte_jobs(cfg, ("static", "dynamic"), (1,), kinds))
+        assert names == [n for n in every if programs.get(n, "kv_cache") in kinds], kinds
     [spec] = [j for j in pte_jobs(cfg, ("dynamic",), (), ("speculative",)) if j.precision == "int8"]
-    assert spec.reference is None
+    assert spec.reference is None and spec.kv is None
     kv = pte_jobs(cfg, ("dynamic",), (1,), ("kv_cache",))
     assert {j.name for j in kv} == {"hrm.int8-dynamic.kv.pte", "hrm.fp32.kv.pte", "hrm.int8-dynamic.c1.kv.pte"}
+    assert not [j for j in kv if j.kv]
     assert pte_jobs(ModelConfig(arch="transformer"), (), (), ("speculative",)) == []
 
 

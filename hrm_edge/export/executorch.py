@@ -118,16 +118,20 @@ def metadata_methods(cfg, bos_id: int, eos_id: int, use_kv_cache: bool) -> dict:
 
 def _lower(module, example: tuple, dynamic: tuple, cfg, path: Path, bos_id: int, eos_id: int, use_kv_cache: bool) -> Path:
     """torch.export -> to_edge_transform_and_lower (XNNPACK, tied table kept once) -> atomic write."""
-    return _lower_methods({"forward": (module, example, dynamic)}, cfg, path, bos_id, eos_id, use_kv_cache)
+    [written] = _lower_methods({"forward": (module, example, dynamic)}, cfg, path, bos_id, eos_id, use_kv_cache)
+    return written
 
 
 def _lower_methods(methods: dict, cfg, path: Path, bos_id: int, eos_id: int, use_kv_cache: bool,
-                   shared_state: bool = False) -> Path:
+                   shared_state: bool = False, forward_only: Path | None = None) -> list[Path]:
     """methods: name -> (module, example inputs, dynamic shapes), one program method each. shared_state: the
     methods' mutable buffers of the same name are one tensor (ExecuTorch's MemoryPlanningPass
-    share_mutable_buffers: every method places it at the same offset of one shared arena, memory id 2)."""
+    share_mutable_buffers: every method places it at the same offset of one shared arena, memory id 2).
+    forward_only: also write the program of the lowered "forward" method alone there (a program of its own, planned
+    as one; lowering is the slow part, so this costs seconds). Returns the files written: path (, forward_only)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir import (EdgeCompileConfig, EdgeProgramManager, ExecutorchBackendConfig,
+                                 to_edge_transform_and_lower)
     from executorch.exir.passes import MemoryPlanningPass
 
     # torchao logs "Failed to load" for its CUDA-only kernels on import: harmless on a CPU
@@ -141,15 +145,20 @@ def _lower_methods(methods: dict, cfg, path: Path, bos_id: int, eos_id: int, use
         # No edge-dialect IR check after every pass (as ExecuTorch's own LLM export): it re-validated each op's
         # dtypes, a quarter of a dynamic int8 lowering's time (tiny KV program: 116-118 s -> 86-89 s), and the
         # program it checked is the same bytes; the parity gate runs every program either way.
-        edge = to_edge_transform_and_lower(
-            programs if len(programs) > 1 else programs["forward"], partitioner=[XnnpackPartitioner()],
-            constant_methods=metadata_methods(cfg, bos_id, eos_id, use_kv_cache),
-            compile_config=EdgeCompileConfig(_check_ir_validity=False))
+        constants = metadata_methods(cfg, bos_id, eos_id, use_kv_cache)
+        compile_config = EdgeCompileConfig(_check_ir_validity=False)
+        edge = to_edge_transform_and_lower(programs if len(programs) > 1 else programs["forward"],
+                                           partitioner=[XnnpackPartitioner()], constant_methods=constants,
+                                           compile_config=compile_config)
+        if forward_only is not None:  # a copy: emitting rewrites a method's graph in place
+            alone = EdgeProgramManager({"forward": copy.deepcopy(edge.exported_program("forward"))}, constants,
+                                       compile_config)
+            atomic_write_bytes(forward_only, alone.to_executorch().buffer)
         config = ExecutorchBackendConfig(memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
                                          emit_mutable_buffer_names=True) if shared_state else None
         program = edge.to_executorch(config)
     atomic_write_bytes(path, program.buffer)
-    return path
+    return [path] if forward_only is None else [path, forward_only]
 
 
 def export_pte(model: HRMLM, path: Path, bos_id: int, eos_id: int, n_cycles: int | None = None,
@@ -182,7 +191,8 @@ def export_pte_decode(model: HRMLM, path: Path, bos_id: int, eos_id: int, n_cycl
     return _lower(DecodeForm(model.eval(), n_cycles=n_cycles, cache=cache), example, ({1: seq}, None), cfg, path, bos_id, eos_id, use_kv_cache=True)
 
 
-def export_pte_speculative(model: HRMLM, path: Path, bos_id: int, eos_id: int) -> Path:
+def export_pte_speculative(model: HRMLM, path: Path, bos_id: int, eos_id: int,
+                           kv_path: Path | None = None) -> list[Path]:
     """Write export_pte_decode's program plus self-speculative decoding's two methods (hrm_edge.runtime.speculative)
     and adaptive depth's skip, all four over the same T cache buffers (one tensor each, shared across methods):
         forward(tokens [1, S], input_pos [1]) -> logits [1, S, V]        every application (prefill, decode)
@@ -193,7 +203,9 @@ def export_pte_speculative(model: HRMLM, path: Path, bos_id: int, eos_id: int) -
         skip(input_pos [1]) -> input_pos [1]   adaptive depth (hrm_edge.runtime.adaptive): the drafted position exits
                                                after the first cycle; applications L + 1 .. T - 1's slots there take
                                                the first cycle's keys/values, slot t <- slot t mod (L + 1)
-    `model` may be an int8 model (quantized_for_pte), as for export_pte_decode."""
+    `model` may be an int8 model (quantized_for_pte), as for export_pte_decode. kv_path: also write
+    export_pte_decode's program there, from the same lowering (its forward method alone: the same bytes as lowering it
+    on its own, at a few seconds instead of a third of this lowering). Returns the files written."""
     cfg = model.cfg
     if cfg.arch != "hrm":
         raise ValueError("self-speculative decoding drafts with the first outer cycle: an hrm model only")
@@ -208,4 +220,5 @@ def export_pte_speculative(model: HRMLM, path: Path, bos_id: int, eos_id: int) -
         "verify": (CachedVerifyForm(model, cache), (tokens, state, pos), ({1: seq}, {2: seq}, None)),
         "skip": (CachedSkipForm(model, cache), (pos,), None),
     }
-    return _lower_methods(methods, cfg, path, bos_id, eos_id, use_kv_cache=True, shared_state=True)
+    return _lower_methods(methods, cfg, path, bos_id, eos_id, use_kv_cache=True, shared_state=True,
+                          forward_only=kv_path)

@@ -668,12 +668,15 @@ class PteJob:
     program: str  # "full_sequence", "kv_cache" or "speculative" (the KV program + draft and verify methods)
     n_cycles: int | None = None  # depth dial: outer cycles (None = all)
     reference: str | None = None  # quantized: the job whose eager reference it shares (the same quantized model)
+    kv: str | None = None  # speculative: the KV program written from the same lowering (its forward method alone)
 
 
 def pte_jobs(cfg, int8: tuple, cycles: tuple, programs: tuple = PTE_PROGRAMS) -> list[PteJob]:
     """The programs to lower, slowest first (a quantized lowering takes about 2.5x an fp32 one at the default
     size, a self-speculative program, twice the depth in three methods, about 1.7x its KV program), so that two
-    workers finish close together. programs: the kinds to make (--pte-programs; the depth dial's are kv_cache)."""
+    workers finish close together. programs: the kinds to make (--pte-programs; the depth dial's are kv_cache).
+    Where a speculative program and the full-depth KV program of its precision are both made, one job writes both
+    (`kv`): the KV program is the speculative program's forward method, lowered once."""
     arch, jobs = cfg.arch, []
     speculative = arch == "hrm" and cfg.H_cycles >= 2  # the first outer cycle drafts, the rest verifies
     if speculative and "dynamic" in int8:
@@ -692,9 +695,14 @@ def pte_jobs(cfg, int8: tuple, cycles: tuple, programs: tuple = PTE_PROGRAMS) ->
         name = artifact_name(arch, "int8-dynamic" if precision == "int8" else "fp32", "pte", "kv_cache", n_cycles=k)
         jobs.append(PteJob(name, precision, "kv_cache", k))
     made = {j.name for j in jobs if j.program in programs}
-    # a speculative program shares its KV program's eager reference (the same quantized model) when that is made
-    return [dataclasses.replace(j, reference=j.reference if j.reference in made else None)
-            for j in jobs if j.name in made]
+    # a speculative program shares its KV program's eager reference (the same quantized model) when that is made,
+    # and writes that program itself: its forward method is the KV program, lowered already
+    kv_of = {j.name: next((k.name for k in jobs if k.name in made and k.program == "kv_cache" and k.n_cycles is None
+                           and k.precision == j.precision), None)
+             for j in jobs if j.program == "speculative" and j.name in made}
+    merged = set(kv_of.values())
+    return [dataclasses.replace(j, reference=j.reference if j.reference in made else None, kv=kv_of.get(j.name))
+            for j in jobs if j.name in made and j.name not in merged]
 
 
 def show_worker_stderr(stderr_dir: Path) -> None:
@@ -708,7 +716,7 @@ def show_worker_stderr(stderr_dir: Path) -> None:
 def build_pte_programs(model_dir: Path, staging: Path, jobs: list[PteJob], tokens: np.ndarray,
                        prefill_len: int) -> list[tuple[Artifact, dict]]:
     """Lower `jobs` of the model in `model_dir` into `staging` (the worker process's entry point). Returns
-    (artifact, {reference name: eager quantized reference logits}) per program."""
+    (artifact, {reference name: eager quantized reference logits}) per program written."""
     torch.set_num_threads(1)  # lowering is single-threaded Python; idle OpenMP threads would spin on a shared core
     model = load_model(model_dir).eval()
     tok = load_tokenizer(model_dir / TOKENIZER)
@@ -717,36 +725,47 @@ def build_pte_programs(model_dir: Path, staging: Path, jobs: list[PteJob], token
     results = []
     for job in jobs:
         t = time.perf_counter()
-        optional: dict = {"weight_bytes": pte_weight_bytes(model, job.precision), "table_copies": 2}
-        references: dict = {}
-        if job.program in ("kv_cache", "speculative"):
-            optional["prefill_len"] = prefill_len
-        if job.n_cycles is not None:
-            optional |= {"cycles": job.n_cycles, "fp32_reference": f"reference/fp32.c{job.n_cycles}"}
-        if job.precision == "fp32":
-            path = lower_pte_job(job, model, staging / job.name, bos, eos)
-        else:
-            qmodel = quantized.get(job.precision) or quantized_for_pte(model, job.precision)
-            quantized[job.precision] = qmodel
-            path = lower_pte_job(job, qmodel, staging / job.name, bos, eos)
-            optional |= {"reference": job.reference or job.name, "quantization": _pte_quantization(job.precision)}
-            if job.reference is None:
-                # batch 1 as the program runs; per-token dynamic scales make prefill + decode equal the full sequence
-                references[job.name] = np.concatenate([eager_logits(lambda x: qmodel(x, n_cycles=job.n_cycles),
-                                                                    tokens[i : i + 1]) for i in range(len(tokens))])
-            if job.program == "speculative":
-                references |= adaptive_references(qmodel, job.reference or job.name, tokens, prefill_len, batch_size=1)
-        results.append((Artifact.new(path, "pte", job.precision, job.program, "unrolled", **optional), references))
-        print(f"[export] wrote {job.name} in {time.perf_counter() - t:.0f} s", flush=True)
+        if job.precision != "fp32":
+            quantized[job.precision] = quantized.get(job.precision) or quantized_for_pte(model, job.precision)
+        lowered = quantized.get(job.precision, model)
+        paths = lower_pte_job(job, lowered, staging, bos, eos)
+        weight_bytes = pte_weight_bytes(model, job.precision)
+        for path, program in zip(paths, (job.program, "kv_cache")):  # the job's program (, its KV program)
+            results.append(pte_artifact(job, path, program, lowered, weight_bytes, tokens, prefill_len))
+        print(f"[export] wrote {' and '.join(p.name for p in paths)} in {time.perf_counter() - t:.0f} s", flush=True)
     return results
 
 
-def lower_pte_job(job: PteJob, model, path: Path, bos: int, eos: int) -> Path:
-    """The job's program of `model` (fp32, or quantized by quantized_for_pte) written to path."""
+def pte_artifact(job: PteJob, path: Path, program: str, lowered, weight_bytes: int, tokens: np.ndarray,
+                 prefill_len: int) -> tuple[Artifact, dict]:
+    """(the manifest entry of a program `job` wrote, {reference name: eager reference logits} it computes): a
+    quantized program's reference is computed by the program that owns it (its own name), once."""
+    optional: dict = {"weight_bytes": weight_bytes, "table_copies": 2}
+    references: dict = {}
+    if program in ("kv_cache", "speculative"):
+        optional["prefill_len"] = prefill_len
+    if job.n_cycles is not None:
+        optional |= {"cycles": job.n_cycles, "fp32_reference": f"reference/fp32.c{job.n_cycles}"}
+    if job.precision != "fp32":
+        reference = path.name if program == "kv_cache" else job.reference or job.name
+        optional |= {"reference": reference, "quantization": _pte_quantization(job.precision)}
+        if reference == path.name:
+            # batch 1 as the program runs; per-token dynamic scales make prefill + decode equal the full sequence
+            references[reference] = np.concatenate([eager_logits(lambda x: lowered(x, n_cycles=job.n_cycles),
+                                                                 tokens[i : i + 1]) for i in range(len(tokens))])
+        if program == "speculative":
+            references |= adaptive_references(lowered, reference, tokens, prefill_len, batch_size=1)
+    return Artifact.new(path, "pte", job.precision, program, "unrolled", **optional), references
+
+
+def lower_pte_job(job: PteJob, model, staging: Path, bos: int, eos: int) -> list[Path]:
+    """The job's program of `model` (fp32, or quantized by quantized_for_pte) written into staging, and its KV
+    program where the job writes that too. Returns the files written."""
+    path, kv = staging / job.name, job.kv and staging / job.kv
     if job.program == "speculative":
-        return export_pte_speculative(model, path, bos, eos)
+        return export_pte_speculative(model, path, bos, eos, kv_path=kv)
     lower = export_pte_decode if job.program == "kv_cache" else export_pte
-    return lower(model, path, bos, eos, n_cycles=job.n_cycles)
+    return [lower(model, path, bos, eos, n_cycles=job.n_cycles)]
 
 
 def _pte_quantization(precision: str) -> dict:
