@@ -150,7 +150,7 @@ def _lower_methods(methods: dict, cfg, path: Path, bos_id: int, eos_id: int, use
         edge = to_edge_transform_and_lower(programs if len(programs) > 1 else programs["forward"],
                                            partitioner=[XnnpackPartitioner()], constant_methods=constants,
                                            compile_config=compile_config)
-        if forward_only is not None:  # a copy: emitting rewrites a method's graph in place
+        if forward_only is not None:  # a copy, so that emitting it leaves the full program's method as lowered
             alone = EdgeProgramManager({"forward": copy.deepcopy(edge.exported_program("forward"))}, constants,
                                        compile_config)
             atomic_write_bytes(forward_only, alone.to_executorch().buffer)
@@ -204,8 +204,9 @@ def export_pte_speculative(model: HRMLM, path: Path, bos_id: int, eos_id: int,
                                                after the first cycle; applications L + 1 .. T - 1's slots there take
                                                the first cycle's keys/values, slot t <- slot t mod (L + 1)
     `model` may be an int8 model (quantized_for_pte), as for export_pte_decode. kv_path: also write
-    export_pte_decode's program there, from the same lowering (its forward method alone: the same bytes as lowering it
-    on its own, at a few seconds instead of a third of this lowering). Returns the files written."""
+    export_pte_decode's program there, from the same lowering (its forward method alone, planned as a program of its
+    own; on the tiny model the int8 one was byte for byte export_pte_decode's), at a few seconds instead of a third of
+    this lowering. Returns the files written."""
     cfg = model.cfg
     if cfg.arch != "hrm":
         raise ValueError("self-speculative decoding drafts with the first outer cycle: an hrm model only")

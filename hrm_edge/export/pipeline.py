@@ -774,10 +774,12 @@ def _pte_quantization(precision: str) -> dict:
 
 def start_pte_workers(model_dir: Path, staging: Path, jobs: list[PteJob], parity: ParitySet, log,
                       stderr_dir: Path | None):
-    """Start lowering `jobs`, one program per task, on two spawned worker processes (this machine class has
-    2 cores; the main process's own work is light by the time both are busy). Returns (pool, async results)."""
-    _stage(f"lowering {len(jobs)} ExecuTorch program(s) (unrolled, XNNPACK) in worker processes: "
-           f"{', '.join(j.name for j in jobs)}", log)
+    """Start lowering `jobs`, one job per task (its program, and its KV program where it writes that too), on two
+    spawned worker processes (this machine class has 2 cores; the main process's own work is light by the time both
+    are busy). Returns (pool, async results)."""
+    programs = [j.name + (f" + {j.kv}" if j.kv else "") for j in jobs]  # "+": one lowering writes both
+    _stage(f"lowering {len(jobs) + sum(bool(j.kv) for j in jobs)} ExecuTorch program(s) (unrolled, XNNPACK) in "
+           f"worker processes: {', '.join(programs)}", log)
     pool = multiprocessing.get_context("spawn").Pool(min(2, len(jobs)), initializer=init_worker,
                                                      initargs=(stderr_dir, os.getpid()))
     return pool, [pool.apply_async(build_pte_programs, (model_dir, staging, [job], parity.tokens, parity.prefill_len))
