@@ -48,6 +48,8 @@ public final class ByteLevelBpe {
     private final String[] idToToken;
     private final Map<String, Integer> mergeRank = new HashMap<>();
     private final Map<String, Integer> special = new HashMap<>(); // content -> id
+    // word -> ids; bounded as HF tokenizers' BPE cache is (a keyboard encodes every partial word of a long session)
+    static final int CACHE_WORDS = 10_000;
     private final Map<String, int[]> cache = new HashMap<>();
 
     public ByteLevelBpe(String tokenizerJson) {
@@ -75,6 +77,10 @@ public final class ByteLevelBpe {
         idToToken = new String[size];
         for (Map.Entry<String, Integer> e : vocab.entrySet()) idToToken[e.getValue()] = e.getKey();
         for (Map.Entry<String, Integer> e : special.entrySet()) idToToken[e.getValue()] = e.getKey();
+    }
+
+    int cachedWords() {
+        return cache.size();
     }
 
     public int vocabSize() {
@@ -109,7 +115,12 @@ public final class ByteLevelBpe {
             byte[] bytes = m.group().getBytes(StandardCharsets.UTF_8);
             StringBuilder word = new StringBuilder();
             for (byte b : bytes) word.append(BYTE_TO_CHAR[b & 0xFF]);
-            for (int id : cache.computeIfAbsent(word.toString(), this::bpe)) out.add(id);
+            int[] ids = cache.get(word.toString());
+            if (ids == null) {
+                ids = bpe(word.toString());
+                if (cache.size() < CACHE_WORDS) cache.put(word.toString(), ids);
+            }
+            for (int id : ids) out.add(id);
         }
     }
 

@@ -17,6 +17,18 @@ public class ByteLevelBpeTest {
     }
 
     @Test
+    public void theWordCacheStaysBounded() {
+        ByteLevelBpe tok = TestTokenizer.load();
+        StringBuilder text = new StringBuilder();
+        for (int i = 0; i < ByteLevelBpe.CACHE_WORDS + 500; i++) { // distinct words: " a", " b", " ba", ...
+            text.append(' ').append(Integer.toBinaryString(i).replace('0', 'a').replace('1', 'b'));
+        }
+        int[] first = tok.encode(text.toString());
+        assertEquals(ByteLevelBpe.CACHE_WORDS, tok.cachedWords());
+        assertArrayEquals(first, tok.encode(text.toString())); // words past the bound are encoded, not cached
+    }
+
+    @Test
     public void specialTokensAreMatchedInTextAndSkippedInDecoding() {
         ByteLevelBpe tok = TestTokenizer.load();
         assertArrayEquals(new int[] {3, 1, 4}, tok.encode("a<|eos|>b"));
