@@ -48,8 +48,9 @@ public final class ByteLevelBpe {
     private final String[] idToToken;
     private final Map<String, Integer> mergeRank = new HashMap<>();
     private final Map<String, Integer> special = new HashMap<>(); // content -> id
-    // word -> ids; bounded as HF tokenizers' BPE cache is (a keyboard encodes every partial word of a long session)
-    static final int CACHE_WORDS = 10_000;
+    // word -> ids, bounded as HF tokenizers' BPE cache is: at most CACHE_WORDS words, none longer than CACHE_LENGTH
+    // (a keyboard encodes every partial word of a long session)
+    static final int CACHE_WORDS = 10_000, CACHE_LENGTH = 256;
     private final Map<String, int[]> cache = new HashMap<>();
 
     public ByteLevelBpe(String tokenizerJson) {
@@ -118,7 +119,7 @@ public final class ByteLevelBpe {
             int[] ids = cache.get(word.toString());
             if (ids == null) {
                 ids = bpe(word.toString());
-                if (cache.size() < CACHE_WORDS) cache.put(word.toString(), ids);
+                if (cache.size() < CACHE_WORDS && word.length() <= CACHE_LENGTH) cache.put(word.toString(), ids);
             }
             for (int id : ids) out.add(id);
         }

@@ -26,6 +26,9 @@ public class ByteLevelBpeTest {
         int[] first = tok.encode(text.toString());
         assertEquals(ByteLevelBpe.CACHE_WORDS, tok.cachedWords());
         assertArrayEquals(first, tok.encode(text.toString())); // words past the bound are encoded, not cached
+        ByteLevelBpe fresh = TestTokenizer.load();
+        fresh.encode("a".repeat(ByteLevelBpe.CACHE_LENGTH + 1));
+        assertEquals(0, fresh.cachedWords());
     }
 
     @Test
