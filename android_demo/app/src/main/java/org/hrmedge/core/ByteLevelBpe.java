@@ -128,7 +128,7 @@ public final class ByteLevelBpe {
     /**
      * Merge the pair with the lowest rank (the leftmost of equal ones) until none is left: the BPE model with its
      * merges list. The pairs wait in a heap, so a word of n bytes takes O(n log n) steps, not the O(n^2) of
-     * rescanning it after every merge (a pasted minified line or base64 blob is one word of thousands of bytes).
+     * rescanning it after every merge (a pasted key or hash of letters is one word of thousands of bytes).
      */
     private int[] bpe(String word) {
         int n = word.length();
