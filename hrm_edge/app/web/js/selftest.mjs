@@ -89,7 +89,6 @@ function argmaxRow(values, v, p) {
   return best - p * v;
 }
 
-// fp32 programs are held to the fp32 gate; int8 ones to what quantization may cost against fp32.
 // fp32 programs are held to the fp32 gate; quantized ones to what their quantization may cost vs fp32 (int4 to the
 // int4 bounds; a bundle written before it carried them: the int8 ones). Python twin: web_bundle.WebBundle.tolerance.
 export function toleranceFor(bundle, precision) {
