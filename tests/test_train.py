@@ -1,20 +1,23 @@
 import json
+import math
 
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig, load_preset
-from hrm_edge.train.dataset import load_corpus, random_batch
+from hrm_edge.train.dataset import encode_documents, fixed_windows, load_corpus, random_batch
 from hrm_edge.errors import UserError
-from hrm_edge.train.loop import train
+from hrm_edge.train.loop import check_resume, train
+from hrm_edge.train.tokenizer import load_tokenizer
 
 
-def small_preset(corpus, steps=60):
+def small_preset(corpus, steps=60, gate_dropout=0.0):
     return Preset(
         name="test",
-        model=ModelConfig(vocab_size=300, d_model=32, n_heads=4, max_seq_len=64, H_cycles=2, L_cycles=1),
+        model=ModelConfig(vocab_size=300, d_model=32, n_heads=4, max_seq_len=64, H_cycles=2, L_cycles=1,
+                          gate_dropout=gate_dropout),
         data=DataConfig(corpus=str(corpus)),
         train=TrainConfig(seq_len=32, batch_size=8, steps=steps, lr=3e-3, warmup_steps=5, eval_every=30,
                           eval_batches=2, checkpoint_every=30),
@@ -29,15 +32,28 @@ def test_training_lowers_validation_loss(text_corpus, tmp_path):
     assert 0 < hist[-1]["val_bits_per_byte"] < hist[0]["val_bits_per_byte"]
     saved = json.loads((tmp_path / "ckpt" / "train_state.json").read_text())
     assert saved["step"] == 60
+    # bits per byte: the loss in bits over the UTF-8 bytes of the tokens the windows predict (the windows' targets
+    # are the stream's tokens 1 .. n * seq_len), not over the split's mean bytes a token, which differs from theirs
+    tok = load_tokenizer(tmp_path / "ckpt" / "tokenizer.json")
+    tc = small_preset(text_corpus).train
+    val_texts = load_corpus(DataConfig(corpus=str(text_corpus))).val
+    stream = encode_documents(tok, val_texts)
+    n_targets = fixed_windows(stream, tc.eval_batches * tc.batch_size, tc.seq_len)[:, 1:].size
+    target_bytes = len(tok.decode(stream[1 : n_targets + 1].tolist()).encode("utf-8"))
+    split_bytes_per_token = sum(len(t.encode("utf-8")) for t in val_texts) / len(stream)
+    assert abs(target_bytes / n_targets / split_bytes_per_token - 1) > 0.01  # the two measures differ here
+    for h in hist:
+        assert h["val_bits_per_byte"] == pytest.approx(h["val_loss"] / math.log(2) * n_targets / target_bytes, rel=1e-9)
 
 
 def test_resume_matches_uninterrupted(text_corpus, tmp_path):
-    full = train(small_preset(text_corpus, steps=40), tmp_path / "a", progress=False, log=lambda *_: None)
-    train(small_preset(text_corpus, steps=40), tmp_path / "b", progress=False, log=lambda *_: None, stop_at=17)
-    resumed = train(small_preset(text_corpus, steps=40), tmp_path / "b", resume=True, progress=False,
-                    log=lambda *_: None)
-    # batches are a function of (seed, step) and the optimizer state is saved: the resumed run repeats the
-    # uninterrupted one bit for bit, in every recorded number but the measured speed, and in its weights
+    preset = lambda: small_preset(text_corpus, steps=40, gate_dropout=0.3)
+    full = train(preset(), tmp_path / "a", progress=False, log=lambda *_: None)
+    train(preset(), tmp_path / "b", progress=False, log=lambda *_: None, stop_at=17)
+    resumed = train(preset(), tmp_path / "b", resume=True, progress=False, log=lambda *_: None)
+    # batches and the gate dropout's masks are functions of (seed, step) and the optimizer state is saved: the
+    # resumed run repeats the uninterrupted one bit for bit, in every recorded number but the measured speed, and
+    # in its weights
     timeless = lambda hist: [{k: v for k, v in h.items() if k != "tokens_per_s"} for h in hist]
     assert [h["step"] for h in full["history"]] == [0, 30, 40]
     assert timeless(resumed["history"]) == timeless(full["history"])
@@ -45,6 +61,32 @@ def test_resume_matches_uninterrupted(text_corpus, tmp_path):
         a, b = (load_file(tmp_path / run / name) for run in ("a", "b"))
         assert a.keys() == b.keys() and len(a) > 0, name
         assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_resume_refuses_other_settings_and_a_torn_checkpoint(text_corpus, tmp_path):
+    """--resume went on with another seed or schedule than train_state.json records, from a checkpoint without its
+    optimizer state, or from weights and optimizer of a step its state file was not (a run killed while saving)."""
+    ckpt = tmp_path / "b"
+    train(small_preset(text_corpus, steps=40), ckpt, progress=False, log=lambda *_: None, stop_at=17)
+    seeded = small_preset(text_corpus, steps=40)
+    seeded.train.seed = 99
+    with pytest.raises(UserError, match=r"--resume: train.seed is 99, was 1337 when .* was started; a resumed run"):
+        check_resume(seeded, ckpt)
+    longer = small_preset(text_corpus, steps=50)  # a new end is allowed: recorded with the step it took effect at
+    check_resume(longer, ckpt)
+    state = train(longer, ckpt, resume=True, progress=False, log=lambda *_: None, stop_at=20)
+    assert state["train"]["steps"] == 50 and state["steps_changed"] == [{"at_step": 17, "from": 40, "to": 50}]
+
+    weights = load_file(ckpt / "model.safetensors")
+    save_file(weights, ckpt / "model.safetensors", metadata={"step": "30"})  # killed before the state was written
+    with pytest.raises(UserError, match="model.safetensors is of step 30, train_state.json of step 20: the run "
+                                        "stopped while writing its checkpoint"):
+        check_resume(longer, ckpt)
+    save_file(weights, ckpt / "model.safetensors", metadata={"step": "20"})
+    check_resume(longer, ckpt)
+    (ckpt / "optimizer.safetensors").unlink()
+    with pytest.raises(UserError, match="has no optimizer.safetensors"):
+        check_resume(longer, ckpt)
 
 
 def test_splits_are_deterministic_and_disjoint(text_corpus):

@@ -12,6 +12,7 @@ needs no torch (torch, safetensors and the model are imported by the functions t
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -25,11 +26,13 @@ CONFIG, WEIGHTS, TOKENIZER, OPTIMIZER, STATE = (
 HALTING = "halting.safetensors"  # the adaptive-depth halting head (hrm_edge.train.halting), apart from the model
 
 
-def _save_tensors(path: Path, tensors: dict) -> None:
+def _save_tensors(files: dict, metadata: dict | None = None) -> None:
+    """Each {path: tensors} into a temporary file, and all of them renamed into place after the last is written."""
     from safetensors.torch import save_file  # imports torch: only where tensors are saved
 
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp))
+    with contextlib.ExitStack() as renames:
+        for path, tensors in files.items():
+            save_file(tensors, str(renames.enter_context(atomic_path(path))), metadata=metadata)
 
 
 def _load_tensors(path: Path) -> dict:
@@ -38,22 +41,53 @@ def _load_tensors(path: Path) -> dict:
     return load_file(str(path))
 
 
+def _weights(model) -> dict:
+    return {k: v.contiguous() for k, v in model.state_dict().items()}
+
+
 def save_model(out: Path, model) -> None:
     """config.json and model.safetensors: what load_model reads."""
     model.cfg.save(out / CONFIG)
-    _save_tensors(out / WEIGHTS, {k: v.contiguous() for k, v in model.state_dict().items()})
+    _save_tensors({out / WEIGHTS: _weights(model)})
 
 
 def save_checkpoint(out: Path, model, opt, state: dict) -> None:
-    """Weights and optimizer first, state last: a state file always points at complete tensors."""
-    save_model(out, model)
+    """Weights and optimizer first (written, then renamed into place together), state last: a state file always
+    points at complete tensors, and a run killed while writing them leaves the last checkpoint whole. Both tensor
+    files record the step (check_checkpoint_step): one killed between the renames leaves files of two steps, which
+    --resume refuses instead of applying the optimizer state of one step to the weights of another."""
+    model.cfg.save(out / CONFIG)
+    files = {out / WEIGHTS: _weights(model)}
     if opt is not None:
-        flat = {}
-        for i, s in opt.state_dict()["state"].items():
-            for k, v in s.items():
-                flat[f"{i}.{k}"] = v.reshape(1) if v.dim() == 0 else v.contiguous()
-        _save_tensors(out / OPTIMIZER, flat)
+        files[out / OPTIMIZER] = {f"{i}.{k}": v.reshape(1) if v.dim() == 0 else v.contiguous()
+                                  for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
+    _save_tensors(files, {"step": str(state.get("step", 0))})
     atomic_write_text(out / STATE, json.dumps(state, indent=2) + "\n")
+
+
+def tensor_file_step(path: Path) -> int | None:
+    """The step a checkpoint's tensor file records in its safetensors header (None: an older file without it)."""
+    try:
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        step = header.get("__metadata__", {}).get("step")
+        return None if step is None else int(step)
+    except (OSError, ValueError, AttributeError, MemoryError) as e:
+        raise UserError(f"cannot read {path}: {first_line(e) or type(e).__name__}") from None
+
+
+def check_checkpoint_step(ckpt: Path, step: int) -> None:
+    """A checkpoint to go on from at `step` (train_state.json's): it has the optimizer state, and its tensor files
+    are of that step (a run stopped while saving leaves a newer weights file beside the older state)."""
+    ckpt = Path(ckpt)
+    if step > 0 and not (ckpt / OPTIMIZER).is_file():
+        raise UserError(f"--resume: {ckpt} has no {OPTIMIZER} (weights alone cannot go on as the run would have); "
+                        "train into a new folder instead")
+    for name in (WEIGHTS, OPTIMIZER):
+        saved = tensor_file_step(ckpt / name) if (ckpt / name).is_file() else None
+        if saved is not None and saved != step:
+            raise UserError(f"--resume: {ckpt / name} is of step {saved}, {STATE} of step {step}: the run stopped "
+                            "while writing its checkpoint, which cannot be continued; train into a new folder")
 
 
 def check_checkpoint(ckpt: Path) -> None:
@@ -87,7 +121,7 @@ def load_model(ckpt: Path):
 
 
 def save_halting_head(ckpt: Path, head) -> None:
-    _save_tensors(Path(ckpt) / HALTING, {k: v.contiguous() for k, v in head.state_dict().items()})
+    _save_tensors({Path(ckpt) / HALTING: _weights(head)})
 
 
 def load_halting_head(ckpt: Path, d_model: int):
@@ -124,7 +158,11 @@ def check_weights_fit(expected: dict, weights: dict, ckpt: Path) -> None:
 def load_optimizer(opt, path: Path) -> None:
     """Inverse of save_checkpoint's flattening: "<param index>.<state key>" -> optimizer state."""
     sd = opt.state_dict()
-    for key, value in _load_tensors(path).items():
+    try:
+        tensors = _load_tensors(path)
+    except Exception as e:  # safetensors raises its own error types for a truncated or foreign file
+        raise UserError(f"cannot load {path}: {first_line(e)}") from None
+    for key, value in tensors.items():
         index, name = key.split(".", 1)
         sd["state"].setdefault(int(index), {})[name] = value.reshape(()) if name == "step" else value
     opt.load_state_dict(sd)

@@ -27,7 +27,7 @@ import numpy as np
 
 from hrm_edge.config import DataConfig
 from hrm_edge.errors import UserError
-from hrm_edge.train.tokenizer import eos_id
+from hrm_edge.train.tokenizer import SPECIAL_TOKENS, eos_id
 
 MIN_DOCUMENTS = 200  # fewer files than this: cut them into ~400 line-aligned pieces so every split gets text
 PYPI = "pypi"  # --corpus pypi: the corpus `python -m hrm_edge.corpus` builds in its default folder
@@ -275,10 +275,13 @@ def encode_documents(tok, texts: list[str]) -> np.ndarray:
     return np.asarray(ids, dtype=np.int32)
 
 
-def bytes_per_token(texts: list[str], n_tokens: int) -> float:
-    """For bits per byte: bpb = (loss in nats / ln 2) * tokens / bytes."""
-    n_bytes = sum(len(t.encode("utf-8")) for t in texts)
-    return n_bytes / max(n_tokens, 1)
+def token_byte_lengths(tok) -> np.ndarray:
+    """The UTF-8 bytes each token id stands for [V]: a byte-level BPE token's string has one character per byte;
+    special tokens (EOS between documents) stand for none. Summed over a stream: its texts' bytes."""
+    lengths = np.zeros(tok.get_vocab_size(), dtype=np.int64)
+    for token, i in tok.get_vocab().items():
+        lengths[i] = 0 if token in SPECIAL_TOKENS else len(token)
+    return lengths
 
 
 def random_batch(stream: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int):

@@ -31,11 +31,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from hrm_edge.model.checkpoint import (CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, check_checkpoint, load_model,
-                                      load_optimizer, load_train_state, save_checkpoint)
+from hrm_edge.model.checkpoint import (CONFIG, OPTIMIZER, STATE, TOKENIZER, WEIGHTS, check_checkpoint,
+                                      check_checkpoint_step, load_model, load_optimizer, load_train_state,
+                                      save_checkpoint)
 from hrm_edge.config import Preset, load_preset
-from hrm_edge.train.dataset import (Corpus, bytes_per_token, check_corpus, encode_documents, fixed_windows, load_corpus,
-                                    random_batch)
+from hrm_edge.train.dataset import (Corpus, check_corpus, encode_documents, fixed_windows, load_corpus, random_batch,
+                                    token_byte_lengths)
 from hrm_edge.train.halting import train_halting_head
 from hrm_edge.errors import ArgumentParser, UserError
 from hrm_edge.io import (atomic_write_text, check_writable_dir, path_arg, refuse_flags, removed_if_failed, some_names,
@@ -61,9 +62,10 @@ def lr_at(step: int, tc) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: HRMLM, windows: np.ndarray, bytes_per_tok: float, batch_size: int,
+def evaluate(model: HRMLM, windows: np.ndarray, target_bytes: int, batch_size: int,
              rank: int = 0, world: int = 1) -> EvalResult:
-    """Mean next-token loss over fixed windows [N, S + 1]; bits per byte via the split's bytes/token.
+    """Mean next-token loss over fixed windows [N, S + 1]; bits per byte over `target_bytes`, the UTF-8 bytes of
+    the tokens predicted (windows[:, 1:]; not the split's mean bytes a token: its first windows differ from it).
 
     With world > 1 (a collective: every rank calls it) rank r takes batches r, r + world, ... of the same
     batches one process would run, and the sums are all-reduced: every rank gets the single-process result."""
@@ -82,7 +84,13 @@ def evaluate(model: HRMLM, windows: np.ndarray, bytes_per_tok: float, batch_size
         total, count = sums[0].item(), int(sums[1].item())
     model.train()
     loss = total / count
-    return EvalResult(loss, math.exp(loss), loss / math.log(2) / bytes_per_tok)
+    return EvalResult(loss, math.exp(loss), total / math.log(2) / max(target_bytes, 1))
+
+
+def seed_step(seed: int, step: int) -> None:
+    """Seed torch's generators from (seed, step), as random_batch draws the data: the gate dropout's masks of a
+    resumed run are then those of an uninterrupted one (a seed set once at the start replays them from step 0)."""
+    torch.manual_seed(int(np.random.SeedSequence([seed, step]).generate_state(1)[0]))
 
 
 def make_optimizer(model: HRMLM, tc):
@@ -161,16 +169,45 @@ def _tokenizer(preset: Preset, out: Path, corpus: Corpus, resume: bool, group: P
     return tok
 
 
+# what a resumed run may change: how it runs (not what it computes), paths that move with a run's folders (the
+# corpus's split sha256 is checked) and the number of steps (the end moves: the cosine schedule stretches from the
+# resumed step on)
+MAY_CHANGE_ON_RESUME = {"train": ("threads", "compile", "bf16_autocast", "distill_from", "steps"), "data": ("corpus",)}
+
+
 def check_resume(preset: Preset, out: Path) -> None:
-    """What --resume needs, checked before the corpus is read (a minute on the default corpus): a checkpoint in
-    `out` that this preset trained. Another preset's model would go on under this preset's schedule and data."""
+    """What --resume needs, checked before the corpus is read (a minute on the default corpus): a whole checkpoint
+    in `out` that this preset trained with these settings. Another preset's model, seed or schedule would go on
+    under other batches and learning rates than its train_state.json records."""
     if not (Path(out) / STATE).is_file():
         raise UserError(f"--resume: no checkpoint in {out} (missing {STATE})")
     check_checkpoint(out)
-    trained_with = load_train_state(out).get("preset")
+    state = load_train_state(out)
+    trained_with = state.get("preset")
     if trained_with != preset.name:
         raise UserError(f"--resume: {out} was trained with the preset named {trained_with!r}, not {preset.name!r}; "
                         "resume it with that preset (a name in presets/, or the .toml file of that name)")
+    for section, config in (("train", preset.train), ("data", preset.data)):
+        recorded = state.get(section, {})
+        changed = [f"{section}.{k} is {v!r}, was {recorded[k]!r}" for k, v in dataclasses.asdict(config).items()
+                   if k in recorded and k not in MAY_CHANGE_ON_RESUME[section] and recorded[k] != v]
+        if changed:
+            raise UserError(f"--resume: {changed[0]} when {out} was started" + (f" (and {len(changed) - 1} more)"
+                            if len(changed) > 1 else "") + "; a resumed run goes on with the settings it began with")
+    check_checkpoint_step(out, state.get("step", 0))
+
+
+def _resumed_state(state: dict, preset: Preset, log) -> dict:
+    """The train state going on under `preset` (check_resume allowed its differences): a new number of steps is
+    recorded with the step it took effect at."""
+    before = state["train"].get("steps")
+    if before != preset.train.steps:
+        log(f"resuming at step {state['step']} with {preset.train.steps} steps (the run began with {before}): the "
+            "learning-rate schedule stretches from here")
+        state.setdefault("steps_changed", []).append({"at_step": state["step"], "from": before,
+                                                      "to": preset.train.steps})
+    state["train"] = dataclasses.asdict(preset.train)
+    return state
 
 
 def check_new_run_folder(out: Path) -> None:
@@ -186,7 +223,7 @@ def check_new_run_folder(out: Path) -> None:
         raise UserError(f"--out {out} holds other files ({some_names(entries)}); train into a new or empty folder")
 
 
-def _model_and_state(preset: Preset, out: Path, corpus: Corpus, tok, resume: bool, n_train: int, n_val: int):
+def _model_and_state(preset: Preset, out: Path, corpus: Corpus, tok, resume: bool, n_train: int, n_val: int, log):
     """(model, train state): the checkpoint's when resuming, else a fresh model fitted to the tokenizer."""
     tc = preset.train
     if resume:
@@ -194,7 +231,7 @@ def _model_and_state(preset: Preset, out: Path, corpus: Corpus, tok, resume: boo
         state = load_train_state(out)
         if state.get("corpus_split_sha256") != corpus.names_sha256:
             raise UserError(f"--resume: the corpus differs from the one {out} was trained on")
-        return model, state
+        return model, _resumed_state(state, preset, log)
     mc = dataclasses.replace(preset.model, vocab_size=tok.get_vocab_size(),
                              max_seq_len=max(preset.model.max_seq_len, tc.seq_len))
     state = {"step": 0, "preset": preset.name, "train": dataclasses.asdict(tc), "data": dataclasses.asdict(preset.data),
@@ -293,15 +330,15 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     train_stream = encode_documents(tok, corpus.train)
     val_stream = encode_documents(tok, corpus.val)
     val_windows = fixed_windows(val_stream, tc.eval_batches * tc.batch_size, tc.seq_len)
-    val_bpt = bytes_per_token(corpus.val, len(val_stream))
+    val_bytes = int(token_byte_lengths(tok)[val_windows[:, 1:]].sum())
 
-    model, state = _model_and_state(preset, out, corpus, tok, resume, int(len(train_stream)), int(len(val_stream)))
+    model, state = _model_and_state(preset, out, corpus, tok, resume, len(train_stream), len(val_stream), log)
     model.to(group.device)
     if group.distributed:  # every rank built the same init from the same seed (or loaded the same file); make sure
         for t in model.state_dict().values():
             dist.broadcast(t, 0)
     opt = make_optimizer(model, tc)
-    if resume and (out / OPTIMIZER).is_file():
+    if resume and state["step"] > 0:  # check_resume found the file
         load_optimizer(opt, out / OPTIMIZER)
     run = make_train_step(model, tc, group.device, log)
     state["precision"] = "bf16 autocast" if run.bf16 else "fp32"
@@ -312,7 +349,7 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
     model.train()
     start = state["step"]
     if start == 0:  # the untrained baseline, so the history shows what training bought
-        ev = evaluate(model, val_windows, val_bpt, tc.batch_size, rank, world)
+        ev = evaluate(model, val_windows, val_bytes, tc.batch_size, rank, world)
         state["history"].append({"step": 0, "val_loss": ev.loss, "val_perplexity": ev.perplexity,
                                  "val_bits_per_byte": ev.bits_per_byte})
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not progress, desc="train", unit="step", mininterval=2.0)
@@ -323,6 +360,7 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
         for g in opt.param_groups:
             g["lr"] = lr_at(step, tc)
         x, y = random_batch(train_stream, tc.batch_size, tc.seq_len, tc.seed, step)  # the global batch
+        seed_step(tc.seed, step)
         if world > 1:  # this rank's contiguous share of it
             share = tc.batch_size // world
             x, y = x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
@@ -332,7 +370,7 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
         bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tokens_since / max(now - t_last, 1e-9):.0f}")
         done = step + 1
         if done % tc.eval_every == 0 or done == tc.steps:
-            ev = evaluate(model, val_windows, val_bpt, tc.batch_size, rank, world)
+            ev = evaluate(model, val_windows, val_bytes, tc.batch_size, rank, world)
             _record_eval(state, done, loss.item(), ev, tokens_since / max(now - t_last, 1e-9), bar if rank == 0 else None)
             t_last, tokens_since = time.perf_counter(), 0
         if done % tc.checkpoint_every == 0 or done == tc.steps or done == stop_at:
@@ -476,7 +514,7 @@ def main(argv=None) -> int:
     if a.threads is not None:
         preset.train.threads = a.threads
     if a.speed_test:
-        refuse_flags(["--resume"] if a.resume else [],
+        refuse_flags([flag for flag, given in (("--resume", a.resume), ("--corpus", a.corpus)) if given],
                      ("does not apply with --speed-test", "do not apply with --speed-test"))
         return speed_test(preset, a.steps or 12, a.out)
     if a.out is None:
