@@ -252,6 +252,14 @@ def test_a_flag_of_a_mode_that_is_off_is_refused(tmp_path):
              "--out, --steps do not apply with --halting-head: leave them out"),
             ("hrm_edge.train", ("--preset", "tiny", "--speed-test", "--resume"),
              "--resume does not apply with --speed-test"),
+            ("hrm_edge.train", ("--preset", "tiny", "--speed-test", "--corpus", tmp_path / "no-such-corpus"),
+             "--corpus does not apply with --speed-test"),
+            ("hrm_edge.evaluate", ("hrm_edge/default_model", "--keyboard", "--samples", "3", "--seq-len", "7"),
+             "--seq-len, --samples do not apply with --keyboard: leave them out"),
+            ("hrm_edge.evaluate", ("hrm_edge/default_model", "--repetition", "1", "--max-bytes", "0"),
+             "--max-bytes does not apply with --repetition"),
+            ("hrm_edge.evaluate", ("hrm_edge/default_model", "--depth-curve", "--samples", "2"),
+             "--samples does not apply with --depth-curve"),
             ("hrm_edge.corpus", ("--pin", "a==1", "--out", tmp_path / "c", "--cache", tmp_path / "cache"),
              "--out does not apply with --pin: leave it out")]:
         proc = run_module(module, *args)

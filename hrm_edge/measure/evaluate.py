@@ -26,8 +26,8 @@ import numpy as np
 
 from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import ArgumentParser, UserError, run_cli
-from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, path_arg, refuse_unused,
-                         text_arg)
+from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, path_arg, refuse_flags,
+                         refuse_unused, text_arg)
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
 from hrm_edge.runtime.decoders import Sampling, generate
@@ -141,6 +141,16 @@ def check_inputs(a: argparse.Namespace) -> None:
         check_writable_file(a.ngram)
 
 
+def refuse_unread(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The bits-per-byte flags that an "instead:" mode does not read: a user error, not ignored without a word."""
+    bpb_flags = ("--max-bytes", "--seq-len", "--samples")
+    for flag, unread in (("--keyboard", bpb_flags), ("--repetition", bpb_flags), ("--depth-curve", ("--samples",))):
+        if getattr(a, flag[2:].replace("-", "_")) not in (None, False):
+            dests = {f: f[2:].replace("-", "_") for f in unread}
+            refuse_flags([f for f, d in dests.items() if getattr(a, d) != p.get_default(d)],
+                         (f"does not apply with {flag}", f"do not apply with {flag}"))
+
+
 def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m hrm_edge.evaluate", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,13 +193,14 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--ngram", "--keyboard-graph",
                          "--keyboard-page-form"), "--keyboard")
+    refuse_unread(p, a)
+    if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
+        raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
     check_inputs(a)
     if a.repetition is not None:
         from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module
 
         return run_repetition(a)
-    if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
-        raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
     names = [c.resolve().name if c.name in ("", ".") else c.name for c in a.checkpoints]
     if len(set(names)) != len(names):
         raise UserError(f"two checkpoints share the folder name {names}: give each its own name")

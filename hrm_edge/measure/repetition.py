@@ -5,8 +5,8 @@
 
 Prompts: in each held-out project's files (the corpus's validation split), the text up to and including a
 `def` / `class` header line (the completion point where a model that loops, or stops, shows it), with up to
-PROMPT_BYTES before it. Each prompt is healed (as every client does) and continued for --new-tokens tokens greedily
-and sampled (temperature 0.8, top-k 40, as the completions of `--samples`). Per penalty:
+PROMPT_BYTES before it. Each prompt is healed (as every client does) and continued for 64 tokens (`new_tokens`)
+greedily and sampled (temperature 0.8, top-k 40, as the completions of `--samples`). Per penalty:
 
     4-gram repeats   of a continuation's token 4-grams, the fraction equal to an earlier 4-gram of the same
                      continuation (a loop repeats nearly all of them; real code repeats some: the "held-out text"
