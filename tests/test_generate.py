@@ -1,12 +1,15 @@
 """Decoding: sampling (fast), and on the tiny export: the completion CLI in every runtime, and ExecuTorch's
 own text-LLM runner on our KV-cache program and tokenizer.json (slow)."""
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import run_module
+from conftest import REPO, run_module
 from hrm_edge.runtime.decoders import Sampling, sample
 
 
@@ -54,6 +57,15 @@ def test_complete_rejects_a_prompt_longer_than_the_context(tiny_export):
     proc = run_module("hrm_edge.complete", "--artifacts", tiny_export, "--runtime", "onnx", "--truncate",
                       "--max-new-tokens", 4, long_prompt)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # the kept end of the prompt leaves room for the tokens asked for (it left one: "decode 1 tokens (stopped at
+    # max length)"), and the summary says what ended the completion
+    summary = proc.stdout.rstrip("\n").split("\n")[-1]
+    assert "decode 4 tokens" in summary and "(stopped at --max-new-tokens 4)" in summary, summary
+    # an output that cannot encode a character gets "?" instead of a UnicodeEncodeError's traceback
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONIOENCODING="ascii")
+    proc = subprocess.run([sys.executable, "-m", "hrm_edge.complete", "--artifacts", str(tiny_export), "--runtime",
+                           "onnx", "--max-new-tokens", "3", "caf\u00e9 = 1"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and proc.stdout.startswith("caf? = 1"), proc.stderr[-2000:]
 
 
 def load_text_llm_runner():

@@ -251,6 +251,15 @@ def test_complete_runs_the_speculative_program_that_passed():
     manifest["artifacts"][1] = art("hrm.fp32.spec.pte", "speculative", passed=False)
     with pytest.raises(UserError, match="hrm.fp32.spec.pte did not pass"):
         files_to_load(manifest, "executorch", "fp32", speculative=True)
+    # the depth dial's KV program (fewer outer cycles) is never the one a completion runs, whatever its place
+    dial = Artifact.new("hrm.fp32.c1.kv.pte", "pte", "fp32", "kv_cache", "unrolled", cycles=1,
+                        parity={"x86_64": {"passed": True}})
+    manifest["artifacts"].insert(0, dial)
+    assert files_to_load(manifest, "executorch", "fp32") == ["tokenizer.json", "hrm.fp32.kv.pte"]
+    # a model without the looped depth has no first cycle to draft with (it was a traceback mid-generation)
+    manifest["model"] = {"arch": "transformer", "H_cycles": 1}
+    with pytest.raises(UserError, match="--speculative needs the looped HRM model with at least 2 outer cycles"):
+        files_to_load(manifest, "onnx", "fp32", speculative=True)
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ MAX_THREADS = 256
 
 def pick_artifact(manifest: dict, runtime: str, precision: str, program: str = "kv_cache") -> Artifact:
     fmt = {"executorch": "pte", "onnx": "onnx"}[runtime]
-    kv = [a for a in manifest["artifacts"] if a.format == fmt and a.program == program]
+    kv = [a for a in manifest["artifacts"] if a.format == fmt and a.program == program and a.cycles is None]
     candidates = [a for a in kv if a.precision == precision]
     if not candidates:
         have = sorted({a.precision for a in kv})
@@ -81,11 +81,15 @@ def files_to_load(manifest: dict, runtime: str, precision: str, speculative: boo
             raise UserError("the manifest names no checkpoint (config, weights); re-run python -m hrm_edge.export")
         return [manifest["tokenizer"]["path"], ckpt["config"], ckpt["weights"]]
     two_forms = speculative or adaptive  # the first outer cycle and the rest of the depth apart
+    flag = "--speculative" if speculative else "--exit-threshold"
+    model = manifest.get("model", {})
+    if two_forms and (model.get("arch", "hrm") != "hrm" or model.get("H_cycles", 2) < 2):
+        raise UserError(f"{flag} needs the looped HRM model with at least 2 outer cycles (the first one drafts); this "
+                        f"export's model is {model.get('arch')!r} with H_cycles {model.get('H_cycles')}")
     one_program = two_forms and runtime == "executorch"  # its forward, draft, verify and skip methods
     art = pick_artifact(manifest, runtime, precision, "speculative" if one_program else "kv_cache")
     if not art.passed_gate():  # on every host it was checked on
         raise UserError(f"{art.path} did not pass the parity gate; refusing to run it")
-    flag = "--speculative" if speculative else "--exit-threshold"
     graphs = speculative_graphs(manifest, art, flag) if two_forms and not one_program else []
     return [manifest["tokenizer"]["path"], art.path] + graphs
 
@@ -227,6 +231,7 @@ def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
+    sys.stdout.reconfigure(errors="replace")  # an output that cannot hold a character gets "?", not a traceback
     refuse_unused(p, a, ("--draft-len", "--lookup-len"), "--speculative")
     if a.max_new_tokens < 1 or not 0 <= a.threads <= MAX_THREADS or a.seed < 0:
         raise UserError(f"--max-new-tokens must be >= 1, --threads in 0..{MAX_THREADS}, --seed >= 0")
@@ -257,12 +262,12 @@ def main(argv=None) -> int:
     ids = tok.encode(prompt, add_special_tokens=False).ids
     if not ids:
         raise UserError("the prompt encodes to no tokens")
-    context = manifest["model"]["max_seq_len"]
-    room = context - 1  # at least one new token
-    if len(ids) > room:
+    max_len = manifest["model"]["max_seq_len"]
+    if len(ids) > max_len - 1:  # at least one new token
         if not a.truncate:
-            raise UserError(f"the prompt is {len(ids)} tokens, the context holds {context}; shorten it or pass --truncate")
-        ids = ids[-room:]
+            raise UserError(f"the prompt is {len(ids)} tokens, the context holds {max_len}; shorten it or pass "
+                            "--truncate")
+        ids = ids[-(max_len - min(a.max_new_tokens, max_len // 2)):]  # room for the new tokens, half the context kept
     try:
         decoder = load_decoder(a.artifacts, a.runtime, files, a.threads, a.verbose, a.speculative, a.exit_threshold)
     except UserError:
@@ -285,10 +290,13 @@ def main(argv=None) -> int:
     stream.finish()
     write("\n")
     name = files[1].name if len(files) > 1 and a.runtime != "eager" else files[-1].name
-    name += f", speculative k={a.draft_len}, {g.acceptance:.0%} of drafts kept" if a.speculative else ""
+    if a.speculative:
+        kept = f"{g.acceptance:.0%} of drafts kept" if g.proposed else "no drafts"
+        name += f", speculative k={a.draft_len}, {kept}"
     if a.exit_threshold is not None:
         name += f", exit >= {a.exit_threshold:g}: {decoder.depths.count(1)}/{len(decoder.depths)} decode steps exited"
-    stop = "EOS" if g.stopped_at_eos else "max length"
+    stop = ("EOS" if g.stopped_at_eos else f"--max-new-tokens {a.max_new_tokens}" if len(g.tokens) >= a.max_new_tokens
+            else f"the end of the {max_len}-token context")
     threads = f"{a.threads} thread(s)" if a.threads else "the runtime's default threads"
     print(f"[{a.runtime} {name}, {threads}] prefill {g.prompt_len} tokens at {g.prefill_tokens_per_s:.0f} "
           f"tokens/s, decode {len(g.tokens)} tokens at {g.decode_tokens_per_s:.0f} tokens/s (stopped at {stop}); "
