@@ -153,8 +153,9 @@ class QuantConfig:
     int4_max_ppl_ratio: float = 1.10
 
     def __post_init__(self):
+        ratio = (lambda v: 1 <= v < math.inf, ">= 1")
         check_fields("quant", self, {"calib_samples": POSITIVE, "calib_seed": NON_NEGATIVE, "int8_min_top1": UNIT,
-                                     "int8_max_ppl_ratio": (lambda v: 1 <= v < math.inf, ">= 1")})
+                                     "int8_max_ppl_ratio": ratio, "int4_min_top1": UNIT, "int4_max_ppl_ratio": ratio})
 
 
 @dataclass

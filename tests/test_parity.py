@@ -270,6 +270,26 @@ def test_check_artifact_passes_the_right_numbers_and_fails_wrong_ones(tmp_path):
                           table.nbytes, tol) == {"passed": False, "reason": "gone.onnx is missing"}
 
 
+def test_the_gate_judges_with_its_own_bounds_not_the_manifests():
+    """A check of an export took every bound from the manifest it checks: widened there (the same edit that fixes up a
+    changed artifact's sha256) they passed an artifact with weights x 1.5. Only the quality bounds a preset chooses
+    (int8 / int4 top-1 and perplexity against fp32) are read from it, and they must be in range."""
+    from hrm_edge.config import QuantConfig
+    from hrm_edge.verify.parity import gate_tolerances, tolerances
+
+    chosen = tolerances(QuantConfig(int8_min_top1=0.95, int4_max_ppl_ratio=1.2))
+    widened = {k: dict(v) for k, v in chosen.items()}
+    for key in ("fp32_vs_fp32_eager", "int8_vs_int8_reference", "int8_vs_fp32_eager"):
+        widened[key]["rel_max_abs"] = 10.0
+    widened["fp32_vs_fp32_eager"]["min_top1"] = 0.5
+    widened["int8_vs_int8_reference"]["max_ppl_ratio"] = 9.0
+    assert gate_tolerances({"tolerances": widened}) == chosen
+    assert gate_tolerances({}) == tolerances(QuantConfig())
+    widened["int8_vs_fp32_eager"]["min_top1"] = 1.5
+    with pytest.raises(UserError, match="int8_min_top1 must be in"):
+        gate_tolerances({"tolerances": widened})
+
+
 def test_a_branch_graph_is_compared_with_its_references_first_cycle():
     """A branch graph's logits (BRANCH_ROWS rows per window) are held to the first-cycle eager logits stored with its
     set's adaptive reference, every row; a missing reference is a failure with its reason."""

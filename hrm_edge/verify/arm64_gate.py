@@ -24,7 +24,8 @@ import numpy as np
 from hrm_edge.errors import UserError
 from hrm_edge.runtime.manifest import Artifact
 from hrm_edge.verify.arm64_toolchain import TARGET, Toolchain, cache_dir, ensure_toolchain, qemu_cpu_models
-from hrm_edge.verify.parity import checked_bundle, host_target, run_artifact, target_rows, verdict, write_manifest
+from hrm_edge.verify.parity import (checked_bundle, gate_tolerances, host_target, run_artifact, target_rows, verdict,
+                                   write_manifest)
 
 # An emulated process is killed when no artifact has finished for this long (a hung process), not after a fixed
 # total: the default export's 24 ONNX/ORT artifacts take over an hour on one emulated core (the slowest, the fp32
@@ -68,7 +69,7 @@ def run_on_target(out_dir: Path, manifest: dict, artifacts: list[Artifact], cpu_
         tmp = Path(tmp)
         pkg_root = _copy_package(tmp / "src")
         spec = {"out_dir": str(Path(out_dir).resolve()), "bundle": manifest["parity_bundle"]["path"],
-                "unique_weight_bytes": manifest["unique_weight_bytes"], "tolerances": manifest["tolerances"],
+                "unique_weight_bytes": manifest["unique_weight_bytes"], "tolerances": gate_tolerances(manifest),
                 "artifacts": [a.to_json() for a in artifacts], "result_dir": str(tmp / "results"),
                 "target": TARGET}
         (tmp / "spec.json").write_text(json.dumps(spec))

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hrm_edge.config import QuantConfig
 from hrm_edge.errors import ArgumentParser, UserError
 from hrm_edge.io import atomic_path, atomic_write_text, path_arg, sha256_file, text_arg
 from hrm_edge.runtime.adaptive import (BRANCH_TOKENS, BRANCH_WINDOWS, DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder,
@@ -78,6 +79,18 @@ def tolerances(quant_cfg) -> dict:
         "int4_vs_fp32_eager": asdict(Tolerance(INT4_VS_FP32_MAX_ABS, quant_cfg.int4_min_top1,
                                                quant_cfg.int4_max_ppl_ratio)),
     }
+
+
+def gate_tolerances(manifest: dict) -> dict:
+    """The bounds a check of an export judges with: this code's, with the quality bounds its preset chose (int8 and
+    int4 top-1 and perplexity against fp32) as the manifest records them. The manifest's other figures are not
+    trusted: widened there by hand, they would pass an artifact the gate must fail."""
+    recorded, quant = manifest.get("tolerances", {}), {}
+    for bits in ("int8", "int4"):
+        for field in ("min_top1", "max_ppl_ratio"):
+            default = getattr(QuantConfig, f"{bits}_{field}")
+            quant[f"{bits}_{field}"] = recorded.get(f"{bits}_vs_fp32_eager", {}).get(field, default)
+    return tolerances(QuantConfig(**quant))  # which checks the preset's bounds are in range
 
 
 def host_target() -> str:
@@ -506,7 +519,7 @@ def run_gate(out_dir: Path, manifest: dict, recompute_reference: bool = True, lo
         if bundle is None:
             result = {"passed": False, "reason": "no valid parity bundle"}
         else:
-            result = check_artifact(out_dir, art, bundle, manifest["unique_weight_bytes"], manifest["tolerances"],
+            result = check_artifact(out_dir, art, bundle, manifest["unique_weight_bytes"], gate_tolerances(manifest),
                                     eager=eager)
         art.record_parity(target, result)
         status = "PASS" if result["passed"] else "FAIL"
