@@ -170,6 +170,29 @@ def test_concat_of_split_pieces_becomes_one_piece():
     np.testing.assert_array_equal(_run_all(model, x)[0], before[0])
 
 
+def test_two_concats_of_one_split_both_merge():
+    """The second merge looked the Split up by its old first output and sizes (a KeyError): [a, b, c, d] with
+    Concat(a, b) and Concat(c, d) is a Split in two pieces."""
+    nodes = [helper.make_node("Split", ["x", "sizes"], ["a", "b", "c", "d"], axis=-1),
+             helper.make_node("Concat", ["a", "b"], ["ab"], axis=-1),
+             helper.make_node("Concat", ["c", "d"], ["cd"], axis=-1),
+             helper.make_node("Neg", ["ab"], ["y0"]), helper.make_node("Neg", ["cd"], ["y1"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, [2, w])
+                               for y, w in (("y0", 3), ("y1", 5))],
+                              [numpy_helper.from_array(np.array([1, 2, 3, 2], np.int64), "sizes")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    before = _run_all(model, x)
+    assert merge_split_concat(model.graph, model.graph) == 2
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.op_type for n in model.graph.node] == ["Split", "Neg", "Neg"]
+    split = model.graph.node[0]
+    assert {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}[split.input[1]].tolist() == [3, 5]
+    for a, b in zip(_run_all(model, x), before):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_split_pieces_out_of_order_or_shared_are_left_alone():
     model = _split_concat_model([2, 3, 4], 1, 2)  # [k, v] of [q, k, v]: consecutive pieces, merged too
     assert merge_split_concat(model.graph, model.graph) == 1

@@ -40,6 +40,19 @@ def test_calibration_never_uses_validation_text(tok, text_corpus):
         assert w.astype(np.int32).tobytes() in joined  # every window is a slice of the calibration split
 
 
+def test_a_calibration_corpus_leaves_out_the_parity_splits_documents(tok, text_corpus):
+    """--calib-corpus of the export's own corpus calibrated on its validation split too, where the gate's windows
+    come from: those documents are left out, and the record says so."""
+    from hrm_edge.train.dataset import encode_documents, load_corpus
+
+    cfg = DataConfig(corpus=str(text_corpus))
+    val = load_corpus(cfg).val
+    windows, record = make_calibration_set(tok, cfg, samples=40, seq_len=16, seed=0, calib_corpus=str(text_corpus))
+    assert record.split == f"all but {len(val)} validation documents"
+    val_stream = encode_documents(tok, val).tobytes()
+    assert not any(w.astype(np.int32).tobytes() in val_stream for w in windows)
+
+
 def test_empty_or_short_calibration_corpus_is_a_clear_error(tok, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

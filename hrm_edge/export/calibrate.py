@@ -39,13 +39,18 @@ class CalibrationRecord:
 
 def make_calibration_set(tok, data_cfg: DataConfig, samples: int, seq_len: int, seed: int,
                          calib_corpus: str | None = None, corpus=None) -> tuple[np.ndarray, CalibrationRecord]:
-    """Windows [samples, seq_len] int64 drawn with `seed` from the calibration split (or all of calib_corpus).
-    corpus: the already loaded Corpus of data_cfg, if the caller has it (saves reading it again)."""
+    """Windows [samples, seq_len] int64 drawn with `seed` from the calibration split (or all of calib_corpus but the
+    documents of data_cfg's validation split: the parity gate's windows come from there, and a static int8 graph
+    calibrated on them would be judged on its own calibration text). corpus: the already loaded Corpus of data_cfg,
+    if the caller has it (saves reading it again)."""
     if samples < 1:
         raise UserError("--calib-samples must be >= 1")
     if calib_corpus:
-        corpus = load_corpus(DataConfig(corpus=calib_corpus, val_percent=0, calib_percent=100), required_splits=())
-        texts, split, source = corpus.calib, "all", corpus.source
+        held_out = set((corpus or load_corpus(data_cfg)).val)
+        given = load_corpus(DataConfig(corpus=calib_corpus, val_percent=0, calib_percent=100), required_splits=())
+        texts = [t for t in given.calib if t not in held_out]
+        left_out = len(given.calib) - len(texts)
+        split, source = "all" + (f" but {left_out} validation documents" if left_out else ""), given.source
     else:
         corpus = corpus or load_corpus(data_cfg)
         texts, split, source = corpus.calib, "calib", corpus.source

@@ -249,9 +249,11 @@ def merge_split_concat(body: onnx.GraphProto, outer: onnx.GraphProto) -> int:
             dropped.add(split_at)
             continue
         name = f"{split.input[1]}.merged{merged}"
-        outer.initializer.append(onnx.numpy_helper.from_array(np.array(sizes, dtype=np.int64), name))
+        inits[name] = onnx.numpy_helper.from_array(np.array(sizes, dtype=np.int64), name)
+        outer.initializer.append(inits[name])
         split.input[1] = name
         split.output[:] = outs
+        position[outs[0]] = split_at  # a later Concat of the same Split finds it under its new first output
     kept = [n for k, n in enumerate(nodes) if k not in dropped]
     for node in kept:
         node.input[:] = [renamed.get(name, name) for name in node.input]

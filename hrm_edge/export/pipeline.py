@@ -262,7 +262,8 @@ def check_output_folder(out: Path, checkpoint: Path | None) -> None:
 def export_stages(out: Path, staging: Path, options: ExportOptions, log=print) -> bool:
     """Every stage, each writing its files into `staging` (a preset is trained into `out`/checkpoint, which
     stays). The .pte programs are lowered in worker processes while this one writes the ONNX graphs; the
-    .ort conversion comes after every ONNX stage; the manifest lists the files in the order written."""
+    full-sequence, KV and depth-dial graphs are converted to .ort (the speculative sets stay .onnx: their clients load
+    ONNX); the manifest lists the files in the order written."""
     prepared = prepare_checkpoint(out, staging, options, log)
     parity = build_parity_set(prepared, options.parity_samples, log)
     with pte_workers(staging, prepared, parity, options, log) as wait_for_pte_programs:
@@ -750,7 +751,8 @@ def pte_artifact(job: PteJob, path: Path, program: str, lowered, weight_bytes: i
         reference = path.name if program == "kv_cache" else job.reference or job.name
         optional |= {"reference": reference, "quantization": _pte_quantization(job.precision)}
         if reference == path.name:
-            # batch 1 as the program runs; per-token dynamic scales make prefill + decode equal the full sequence
+            # batch 1 as the program runs; per-token dynamic scales make prefill + decode equal the full sequence up
+            # to rounding (a call of several tokens can round a value one quantum apart: the int8 bound's room)
             references[reference] = np.concatenate([eager_logits(lambda x: lowered(x, n_cycles=job.n_cycles),
                                                                  tokens[i : i + 1]) for i in range(len(tokens))])
         if program == "speculative":
@@ -817,7 +819,8 @@ def main(argv=None) -> int:
                    help="calibration windows (default: the quant table of the checkpoint's train_state.json, or of "
                         "--preset's preset: 64 for the shipped model)")
     p.add_argument("--calib-corpus", type=text_arg,
-                   help="text file or folder to calibrate on instead of the corpus's calibration split")
+                   help="text file or folder to calibrate on instead of the corpus's calibration split (less any "
+                        "document of the validation split, where the parity gate's windows come from)")
     p.add_argument("--cycles", help="depth dial: also export the model run with K outer cycles (comma-separated, "
                    "1..H_cycles, e.g. 1); each depth gets an ONNX graph and a KV-cache .pte, gated against the eager "
                    "model at that depth, and the manifest's depth_dial lists each depth's perplexity")
