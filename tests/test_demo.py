@@ -329,13 +329,17 @@ def test_missing_npm_is_one_error_line(tmp_path):
 
 
 def test_server_serves_its_table_only(tmp_path):
-    """Known URLs with COOP/COEP and the right MIME types; everything else (listing, `..`) is a 404."""
-    from hrm_edge.app.demo import DemoHandler
+    """Known URLs with COOP/COEP and the right MIME types; everything else (listing, `..`) is a 404. A reload
+    revalidates (304, the ETag); a file changed or swapped for a link after the server checked it is refused (it was
+    read again on every request, link followed: the start-up checks could be bypassed)."""
+    from hrm_edge.app.demo import DemoHandler, served_files
 
     (tmp_path / "a.mjs").write_text("export const a = 1;")
     (tmp_path / "b.wasm").write_bytes(b"\0asm")
-    (tmp_path / "secret.txt").write_text("no")
-    routes = {"/app/js/a.mjs": tmp_path / "a.mjs", "/vendor/ort/b.wasm": tmp_path / "b.wasm"}
+    (tmp_path / "c.json").write_text("{}")
+    (tmp_path / "secret.txt").write_text("top secret")
+    routes = served_files({"/app/js/a.mjs": tmp_path / "a.mjs", "/vendor/ort/b.wasm": tmp_path / "b.wasm",
+                           "/export/c.json": tmp_path / "c.json"})
     server = ThreadingHTTPServer(("127.0.0.1", 0), partial(DemoHandler, routes=routes, config=b"{}", quiet=True))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -350,6 +354,18 @@ def test_server_serves_its_table_only(tmp_path):
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(base + bad)
             assert e.value.code == 404, bad
+        with urllib.request.urlopen(base + "/vendor/ort/b.wasm") as r:
+            etag = r.headers["ETag"]
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(base + "/vendor/ort/b.wasm", headers={"If-None-Match": etag}))
+        assert e.value.code == 304 and e.value.headers["Cross-Origin-Embedder-Policy"] == "require-corp"
+        (tmp_path / "c.json").unlink()
+        (tmp_path / "c.json").symlink_to(tmp_path / "secret.txt")
+        (tmp_path / "a.mjs").write_text("export const a = 2;")
+        for changed in ("/export/c.json", "/app/js/a.mjs"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(base + changed)
+            assert e.value.code == 410 and b"top secret" not in e.value.read(), changed
     finally:
         server.shutdown()
         server.server_close()
@@ -551,9 +567,9 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
         assert 1 <= len(chips) <= 3 and all(chips), chips
         assert "os" in [c.strip() for c in chips] or any(c.startswith("o") for c in chips), chips
         assert page.inner_text("#suggest-time").endswith("ms")
-        # a chip is for the text it was computed for: after a key typed since (set here without an input event, so
-        # the chips stay), a tap inserts nothing
-        page.evaluate("() => { const box = document.getElementById('text'); box.value = 'import ox'; "
+        # a chip is for the text it was computed for: after a key typed since (set here without an input event and
+        # with the box unfocused, so that no new chips come), a tap inserts nothing
+        page.evaluate("() => { const box = document.getElementById('text'); box.blur(); box.value = 'import ox'; "
                       "box.setSelectionRange(9, 9); }")
         page.locator("#suggestions button.suggestion").first.click()
         assert page.input_value("#text") == "import ox"
@@ -658,5 +674,49 @@ def test_self_test_fails_on_a_perturbed_web_bundle(default_export, browser, tmp_
         assert not result["passed"] and "max abs logit error" in result["reason"], result
         assert page.get_attribute("#selftest-result", "data-passed") == "0"
         assert "FAILED" in page.inner_text("#selftest-result")
+    finally:
+        server.close()
+
+
+@pytest.mark.slow
+def test_the_page_recovers_from_a_failed_load_and_keeps_to_the_cursor(default_export, browser):
+    """A program whose branch graph did not download left the page stuck (every control disabled, the program list
+    too) or half-loaded (an error at every key); chips stayed for a caret moved without typing; and keys typed while
+    Complete ran were overwritten by it."""
+    server = DemoServer(default_export)
+    try:
+        page = browser.new_page(**PHONE)
+        errors, aborted = [], []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+
+        def abort_once(route):  # the first program's branch graph fails, as on a flaky network; later ones load
+            if aborted:
+                route.continue_()
+            else:
+                aborted.append(route.request.url)
+                route.abort()
+
+        page.route("**/*.branch.onnx", abort_once)
+        page.goto(server.url)
+        page.wait_for_function("document.getElementById('status').classList.contains('error')", timeout=120_000)
+        assert "branch.onnx" in page.inner_text("#status"), page.inner_text("#status")  # the failed file is named
+        assert page.is_disabled("#complete") and page.is_enabled("#model")
+        select_model(page, "hrm.fp32.kv.onnx")
+        page.fill("#text", "import os\nimport sy")
+        page.wait_for_function("window.hrmDemo.lastSuggestions?.text === 'import os\\nimport sy'", timeout=60_000)
+        # the caret moved back to the end of the first line, no key typed: the chips follow it
+        page.evaluate("() => { const box = document.getElementById('text'); box.focus(); "
+                      "box.setSelectionRange(10, 10); }")
+        page.wait_for_function("window.hrmDemo.lastSuggestions?.text === 'import os\\n'", timeout=60_000)
+        page.evaluate("() => { const box = document.getElementById('text'); box.setSelectionRange(19, 19); }")
+        page.fill("#max-new", "24")
+        page.evaluate("() => { window.readOnlyWhileBusy = []; new MutationObserver(() => window.readOnlyWhileBusy.push("
+                      "document.getElementById('text').readOnly)).observe(document.getElementById('text'), "
+                      "{attributes: true, attributeFilter: ['readonly']}); }")
+        page.click("#complete")
+        page.wait_for_function("window.hrmDemo.lastCompletion", timeout=120_000)
+        # no key lands in the box while Complete writes it: read-only from the start to the end of the run
+        assert page.evaluate("window.readOnlyWhileBusy") == [True, False]
+        assert page.input_value("#text").startswith("import os\nimport sy") and not errors, errors
     finally:
         server.close()

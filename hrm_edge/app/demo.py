@@ -74,24 +74,32 @@ def web_packages(log=print) -> Path:
     log(f"[demo] installing the page's pinned JS packages once (npm ci) into {target}")
     tmp = cache / f".{target.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     try:
-        for name in ("package.json", "package-lock.json"):
-            shutil.copyfile(WEB_DIR / name, tmp / name)
-        proc = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
-                              cwd=tmp, capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
-            raise UserError(f"npm ci failed (exit {proc.returncode}) in {tmp}: {last}")
-        missing = [f for f in VENDOR_FILES.values() if not (tmp / "node_modules" / f).is_file()]
-        if missing:
-            raise UserError(f"npm ci did not install {', '.join(missing)}")
-        (tmp / ".installed").write_text("ok\n")
-        if not target.exists():  # another demo may have finished the same install meanwhile
-            os.replace(tmp, target)
+        tmp.mkdir(parents=True)
+        install_web_packages(npm, tmp, target)
+    except OSError as e:
+        raise UserError(f"cannot write the page's package cache {cache}: {e.strerror or e}; set XDG_CACHE_HOME to a "
+                        "writable folder") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target / "node_modules"
+
+
+def install_web_packages(npm: str, tmp: Path, target: Path) -> None:
+    """`npm ci` of the page's lock file in `tmp`, then `tmp` renamed to `target`."""
+    for name in ("package.json", "package-lock.json"):
+        shutil.copyfile(WEB_DIR / name, tmp / name)
+    proc = subprocess.run([npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--loglevel=error"],
+                          cwd=tmp, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip() or proc.stdout.strip() or "no output").splitlines()[-1]
+        raise UserError(f"npm ci failed (exit {proc.returncode}) in {tmp}: {last}")
+    missing = [f for f in VENDOR_FILES.values() if not (tmp / "node_modules" / f).is_file()]
+    if missing:
+        raise UserError(f"npm ci did not install {', '.join(missing)}")
+    (tmp / ".installed").write_text("ok\n")
+    if not target.exists():  # another demo may have finished the same install meanwhile
+        os.replace(tmp, target)
 
 
 # ---- what is served from the export folder ----
@@ -239,9 +247,32 @@ def page_routes(node_modules: Path) -> dict:
 
 
 # ---- the server ----
+def served_files(routes: dict) -> dict:
+    """{url: (path, identity)}: each file as it is when the server starts, after export_routes checked it (sha256,
+    inside the folder); only that file is served: one changed, or swapped for a link, since is refused."""
+    return {url: (path, file_identity(os.stat(path))) for url, path in routes.items()}
+
+
+def file_identity(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def open_unchanged(path: Path, identity: tuple):
+    """The open file if it is still the one of `identity` (not a link put in its place), else None."""
+    try:
+        f = open(os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)), "rb")
+    except OSError:
+        return None
+    if file_identity(os.fstat(f.fileno())) != identity:
+        f.close()
+        return None
+    return f
+
+
 class DemoHandler(BaseHTTPRequestHandler):
-    """GET/HEAD of a fixed table of files: no directory listing, and a path not in the table is a 404, so
-    `..`, absolute paths and links cannot reach anything else."""
+    """GET/HEAD of a fixed table of files (served_files): no directory listing, and a path not in the table is a
+    404, so `..`, absolute paths and links cannot reach anything else. Each file's ETag is its size and time: a
+    reload revalidates it (304) instead of downloading the runtime's WASM and the programs again."""
 
     server_version = "hrm-edge-demo"
 
@@ -258,17 +289,35 @@ class DemoHandler(BaseHTTPRequestHandler):
     def respond(self, send_body: bool):
         url = unquote(urlsplit(self.path).path)
         if url == "/demo.json":
-            body, ctype = self.config, "application/json"
-        elif url in self.routes:
-            body = self.routes[url].read_bytes()
-            ctype = CONTENT_TYPES.get(self.routes[url].suffix, "application/octet-stream")
-        else:
+            self.send_body(self.config, "application/json", send_body)
+            return
+        if url not in self.routes:
             self.send_error(404, "not served")
             return
+        path, identity = self.routes[url]
+        f = open_unchanged(path, identity)
+        if f is None:
+            self.send_error(410, f"{path.name} changed since the server started: restart it")
+            return
+        with f:
+            etag = f'"{identity[2]:x}-{identity[3]:x}"'
+            if self.headers.get("If-None-Match") == etag:
+                self.send_response(304)
+                self.send_header("ETag", etag)
+                for k, v in ISOLATION_HEADERS.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                return
+            body = f.read()
+        self.send_body(body, CONTENT_TYPES.get(path.suffix, "application/octet-stream"), send_body, etag)
+
+    def send_body(self, body: bytes, ctype: str, send_body: bool, etag: str | None = None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-cache")
+        if etag:
+            self.send_header("ETag", etag)
         for k, v in ISOLATION_HEADERS.items():
             self.send_header(k, v)
         self.end_headers()
@@ -350,7 +399,8 @@ def main(argv=None) -> int:
         raise UserError(f"--keyboard-model {a.keyboard_model!r} is not one of the page's programs: {', '.join(ids)}")
     routes |= page_routes(web_packages())
     with_shared_weights(routes, config)
-    handler = partial(DemoHandler, routes=routes, config=json.dumps(config).encode(), quiet=a.quiet or a.keyboard_bench)
+    handler = partial(DemoHandler, routes=served_files(routes), config=json.dumps(config).encode(),
+                      quiet=a.quiet or a.keyboard_bench)
     host, port = ("127.0.0.1", 0) if a.keyboard_bench else (a.host, a.port)
     try:
         server = ThreadingHTTPServer((host, port), handler)

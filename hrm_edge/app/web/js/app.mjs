@@ -13,7 +13,7 @@ const $ = (id) => document.getElementById(id);
 // phone typist's keys (~150-300 ms), so the chips follow every key with the run's time added; keys closer than
 // this (auto-repeat, a paste) share one run.
 const SUGGEST_DEBOUNCE_MS = 30;
-const state = { config: null, tokenizer: null, model: null, modelInfo: null, lookahead: null,
+const state = { config: null, tokenizer: null, model: null, draft: null, modelInfo: null, lookahead: null,
                 bundle: null, busy: false, stop: false, suggestTimer: 0, suggesting: null, adaptive: null };
 // read by tests/test_demo.py (and handy in the browser console)
 window.hrmDemo = { lastCompletion: null, lastSelfTest: null, lastSuggestions: null, state };
@@ -26,7 +26,9 @@ function setStatus(text, error = false) {
 function setBusy(busy) {
   state.busy = busy;
   if (busy) state.lookahead?.stop(); // the chips computed ahead wait: Complete and Self-test run the same sessions
-  for (const id of ["complete", "selftest", "model"]) $(id).disabled = busy || !state.model;
+  for (const id of ["complete", "selftest"]) $(id).disabled = busy || !state.model;
+  $("model").disabled = busy || !state.config; // another program can be chosen after one failed to load
+  $("text").readOnly = busy; // Complete writes the box while it runs: a key typed meanwhile would be overwritten
   $("stop").disabled = !busy;
 }
 
@@ -39,23 +41,48 @@ function yieldToBrowser() {
   });
 }
 
+// The program `info` names, whole: its KV graph, the graph that extends the chips' words and the typed context over
+// them, warmed up ({model, draft, lookahead}). A failure releases the sessions made so far.
+async function loadProgram(info) {
+  const maxSeqLen = state.config.max_seq_len, made = [];
+  try {
+    const model = await KvModel.load(info.url, maxSeqLen, info.weights);
+    made.push(model.session);
+    // the suggestion bar extends its words with the first outer cycle where the export has it: the branch graph (its
+    // rows share the context's cache), else the draft graph (?draft=0: with the full depth, to compare)
+    const useDraft = new URLSearchParams(location.search).get("draft") !== "0";
+    const draft = !useDraft ? null
+      : info.branch_url ? await BranchModel.load(info.branch_url, maxSeqLen, info.weights)
+        : info.draft_url ? await KvModel.load(info.draft_url, maxSeqLen, info.weights) : null;
+    if (draft) made.push(draft.session);
+    const context = new TypedContext(model, draft);
+    await context.warmUp(state.tokenizer); // the first keystroke then costs what the others do
+    return { model, draft, lookahead: new Lookahead(context, state.tokenizer) }; // and the likeliest next keys' chips
+  } catch (e) {
+    await Promise.all(made.map((session) => session.release()));
+    throw e;
+  }
+}
+
+// The sessions of the program in use (its adaptive-depth graphs too, if Complete loaded them): onnxruntime-web frees
+// a session's WASM memory only when it is released.
+function programSessions() {
+  return [state.model?.session, state.draft?.session, state.adaptive?.model.draft.session,
+          state.adaptive?.model.verify].filter(Boolean);
+}
+
 async function selectModel(id) {
   const info = state.config.models.find((m) => m.id === id);
   setBusy(true);
+  await state.lookahead?.stop(); // the graph calls in flight end before their sessions go
+  await state.suggesting?.catch(() => {});
   $("status").dataset.ready = "";
   setStatus(`loading ${info.id}…`);
   const t = performance.now();
-  state.model = await KvModel.load(info.url, state.config.max_seq_len, info.weights);
-  state.modelInfo = info;
-  // the suggestion bar extends its words with the first outer cycle where the export has it: the branch graph (its
-  // rows share the context's cache), else the draft graph (?draft=0: with the full depth, to compare)
-  const useDraft = new URLSearchParams(location.search).get("draft") !== "0";
-  const draft = !useDraft ? null
-    : info.branch_url ? await BranchModel.load(info.branch_url, state.config.max_seq_len, info.weights)
-      : info.draft_url ? await KvModel.load(info.draft_url, state.config.max_seq_len, info.weights) : null;
-  const context = new TypedContext(state.model, draft);
-  await context.warmUp(state.tokenizer); // the first keystroke then costs what the others do
-  state.lookahead = new Lookahead(context, state.tokenizer); // the typed context, and the likeliest next keys' chips
+  const program = await loadProgram(info); // on a failure the program in use stays
+  const old = programSessions();
+  Object.assign(state, { ...program, modelInfo: info, adaptive: null });
+  await Promise.all(old.map((session) => session.release()));
   const gate = info.passed ? "passed the export's parity gate" : "FAILED the export's parity gate";
   setStatus(`${info.id} loaded in ${Math.round(performance.now() - t)} ms (${gate})`, !info.passed);
   $("status").dataset.ready = "1";
@@ -238,10 +265,16 @@ async function main() {
     select.add(new Option(m.passed ? m.label : `${m.label}, failed parity gate`, m.id));
   }
   select.value = state.config.default_model;
-  select.onchange = () => selectModel(select.value).catch(fail);
+  select.onchange = () => selectModel(select.value).catch((e) => {
+    select.value = state.modelInfo?.id ?? select.value; // the program still in use
+    fail(e);
+  });
   $("text").disabled = false;
   $("text").addEventListener("input", scheduleSuggestions);
-  $("text").addEventListener("click", scheduleSuggestions);
+  // the chips are for the text before the cursor: a caret moved by a tap, the arrow keys or a selection asks again
+  document.addEventListener("selectionchange", () => {
+    if (document.activeElement === $("text")) scheduleSuggestions();
+  });
   $("complete").onclick = complete;
   $("stop").onclick = () => { state.stop = true; };
   $("selftest").onclick = runSelfTest;

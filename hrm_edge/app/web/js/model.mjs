@@ -83,7 +83,12 @@ function weightsBytes(url) {
 }
 
 export async function fetchOk(url) {
-  const response = await fetch(url);
+  let response;
+  try {
+    response = await fetch(url);
+  } catch (e) { // a network error ("Failed to fetch") names no file
+    throw new Error(`${url}: ${e.message}`);
+  }
   if (!response.ok) throw new Error(`${url}: HTTP ${response.status}`);
   return response;
 }
