@@ -1,4 +1,5 @@
 """The peers (hrm_edge.measure.peers): ExecuTorch's and Optimum's own Llama at our shape, decoded like our programs."""
+import json
 import subprocess
 import sys
 
@@ -67,6 +68,9 @@ def test_build_is_reused(tiny_peers):
     logged = []
     again = build_peers(TINY, folder, log=logged.append)
     assert logged == [] and [p.build_s for p in again] == [p.build_s for p in programs]  # nothing rebuilt
+    # the marker holds the recipe, so that a peer built another way (export_llm's options) is not reused
+    recipe = json.loads((folder / "peers.json").read_text())["recipe"]
+    assert recipe["export_llm"][-1] == "backend.xnnpack.extended_ops=True"
 
 
 @pytest.mark.slow

@@ -5,13 +5,13 @@
 
 What a user would otherwise ship at this size: a Llama (pre-norm, RoPE, RMSNorm, SwiGLU, no biases, untied
 head) with n_layers = our block applications T, random weights (speed only), built by
-- ExecuTorch's `export_llm` (XNNPACK, KV cache + custom sdpa): llama.fp32.pte and llama.8da4w.pte (int8
-  dynamic activations x int4 weights, group 32), and
+- ExecuTorch's `export_llm` (XNNPACK with its extended ops, as ExecuTorch's own llama_xnnpack.yaml; KV cache +
+  custom sdpa): llama.fp32.pte and llama.8da4w.pte (int8 dynamic activations x int4 weights, group 32), and
 - Hugging Face Optimum's `optimum-cli export onnx --task text-generation-with-past`: llama.fp32.onnx, and
   llama.int8.onnx from onnxruntime's `quantize_dynamic(weight_type=QInt8)`.
 Both start from one random-init `transformers.LlamaForCausalLM` (kept in peers/hf/), so all four programs hold
-the same weights. A marker (peers.json) records the shape and the tool versions; a later call with the same
-ones reuses the build. Building needs the optional extra: pip install '.[peers]'. Running the built programs
+the same weights. A marker (peers.json) records the shape, the tool versions and the build recipe; a later call with
+the same ones reuses the build. Building needs the optional extra: pip install '.[peers]'. Running the built programs
 needs only the base install (executorch, onnxruntime).
 """
 from __future__ import annotations
@@ -44,6 +44,13 @@ from hrm_edge.runtime.manifest import read_manifest
 MARKER = "peers.json"
 PEER_FILES = ("llama.fp32.pte", "llama.8da4w.pte", "llama.fp32.onnx", "llama.int8.onnx")
 GROUP_SIZE = 32  # 8da4w weight groups, as in ExecuTorch's Llama instructions
+# export_llm's options. extended_ops: XNNPACK takes the norms, activations and elementwise ops too, as ExecuTorch's
+# own llama_xnnpack.yaml sets it; without it (the peers built until 2026-12-05) only the linears were delegated and
+# some 480 other kernel calls a token ran outside XNNPACK, where our programs run inside it
+EXPORT_LLM_OPTIONS = ("model.use_kv_cache=True", "model.use_sdpa_with_kv_cache=True", "backend.xnnpack.enabled=True",
+                      "backend.xnnpack.extended_ops=True")
+RECIPE = {"export_llm": list(EXPORT_LLM_OPTIONS), "group_size": GROUP_SIZE,
+          "onnx_int8": "quantize_dynamic(weight_type=QInt8), per tensor"}  # a changed recipe builds again
 # what building needs beyond the base install (hydra-core and omegaconf come with executorch; export_llm needs them)
 EXTRA_MODULES = ("transformers", "optimum.exporters.onnx", "hydra", "omegaconf")
 VERSIONED = ("torch", "executorch", "torchao", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")
@@ -113,10 +120,11 @@ def _programs(folder: Path, build_s: dict) -> list[PeerProgram]:
 
 
 def build_peers(shape: PeerShape, folder: Path, log=print) -> list[PeerProgram]:
-    """Build the four peer programs into `folder` (reused when its marker records the same shape and versions)."""
+    """Build the four peer programs into `folder` (reused when its marker records the same shape, versions and
+    recipe)."""
     folder = Path(folder).resolve()  # the tools run in other working directories
     marker = folder / MARKER
-    record = {"shape": dataclasses.asdict(shape), "versions": tool_versions()}
+    record = {"shape": dataclasses.asdict(shape), "versions": tool_versions(), "recipe": RECIPE}
     if marker.is_file() and all((folder / n).is_file() for n in PEER_FILES):
         old = json.loads(marker.read_text())
         if {k: old.get(k) for k in record} == record:
@@ -201,8 +209,7 @@ def _export_llm(shape: PeerShape, checkpoint: Path, qmode: str | None, out: Path
               "rope_theta": shape.rope_theta}
     (work / "params.json").write_text(json.dumps(params))
     args = ["-m", "executorch.extension.llm.export.export_llm", "base.model_class=llama3",
-            f"base.params={work / 'params.json'}", f"base.checkpoint={checkpoint}", "model.use_kv_cache=True",
-            "model.use_sdpa_with_kv_cache=True", "backend.xnnpack.enabled=True",
+            f"base.params={work / 'params.json'}", f"base.checkpoint={checkpoint}", *EXPORT_LLM_OPTIONS,
             f"export.max_seq_length={shape.max_seq_len}", f"export.max_context_length={shape.max_seq_len}",
             "export.output_name=out.pte"]
     if qmode:
