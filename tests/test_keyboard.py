@@ -660,6 +660,9 @@ FALLBACK_TEXT = (
     "    def save(self):\n        with open(self.path, \"w\") as f:\n            json.dump(self.values, f, indent=2)\n")
 
 
+ASTRAL_TEXT = "s = '\U0001F600 ok'\nimport os\nimport sy"  # an emoji: two UTF-16 units, one code point
+
+
 def python_chips(path, tokenizer, text: str, every: int) -> dict:
     """Python onnxruntime's chips for every `every`-th prefix of text: {i: [[label, insert, probability], ...]}."""
     from hrm_edge.runtime.suggest import OnnxStepModel, draft_beside
@@ -689,6 +692,9 @@ def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
         fp32 = browser_keyboard_bench(server.url, [text[:60], text[60:100]], model="hrm.fp32.kv.onnx")
         # a key every 100 ms, the page's lookahead computing the likeliest next keys' chips in between
         ahead = browser_keyboard_bench(server.url, [text[:60]], model="hrm.fp32.kv.onnx", interval_ms=100)
+        # a key is a code point, as Python's keyboard_metrics counts them (the bench typed UTF-16 units: a letter
+        # outside the BMP was two keys, half of it a lone surrogate, and every chip after it was one place off)
+        astral = browser_keyboard_bench(server.url, [ASTRAL_TEXT], model="hrm.fp32.kv.onnx")
     finally:
         server.close()
     print({k: r[k] for k in ("model", "characters", "median_ms", "p90_ms", "top3_word_accuracy", "keystroke_savings")})
@@ -708,6 +714,9 @@ def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
             assert [w[:2] for w in page] == [w[:2] for w in words], (piece[:i], page, words)
             assert all(abs(a[2] - b[2]) <= 1e-4 * b[2] for a, b in zip(page, words)), (piece[:i], page, words)
     assert fp32["texts"] == 2 and fp32["characters"] == 100
+    assert len(astral["chips"][0]) == len(ASTRAL_TEXT) == astral["characters"]
+    for i, words in python_chips(default_export / "hrm.fp32.kv.onnx", tokenizer, ASTRAL_TEXT, 1).items():
+        assert [w[:2] for w in astral["chips"][0][i]] == [w[:2] for w in words], (ASTRAL_TEXT[:i], words)
     # the default: float MatMuls over 8-bit weights (the demo's page form), the same chips as Python on that form
     served = page_form(default_export / r["model"], tmp_path)
     for i, words in python_chips(served, tokenizer, text, 20).items():

@@ -67,18 +67,19 @@ TYPE_IN_PAGE = """async ({ texts, model, draft, interval }) => {
     const look = interval > 0 ? new Lookahead(context, state.tokenizer) : null;
     const steps = [{ ms: 0, words: [], calls: [], ahead: false }]; // nothing is suggested before the first key
     let due = performance.now();
-    for (let i = 1; i < text.length; i++) {
+    const chars = Array.from(text); // one key a code point, as Python's keyboard_metrics indexes the text
+    for (let i = 1; i < chars.length; i++) {
+      const before = chars.slice(0, i).join("");
       if (interval > 0) await sleep(due - performance.now());
       aheadCalls += calls.length;
       calls = [];
-      const r = interval > 0 ? await look.suggest(text.slice(0, i), 3)
-        : await suggestWords(context, state.tokenizer, text.slice(0, i), 3);
+      const r = interval > 0 ? await look.suggest(before, 3) : await suggestWords(context, state.tokenizer, before, 3);
       const ms = interval > 0 ? performance.now() - due : r.ms;
       steps.push({ ms, words: r.words.map((w) => [w.label, w.insert, w.probability, w.ending]), calls,
                    ahead: r.ahead ?? false });
       calls = [];
       if (interval > 0) {
-        look.start(text.slice(0, i), likelyKeys(look.context, state.tokenizer, text.slice(0, i), r.words));
+        look.start(before, likelyKeys(look.context, state.tokenizer, before, r.words));
         due = Math.max(due + interval, performance.now());
       }
     }
@@ -123,7 +124,7 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
     share of keys it had computed, ahead_calls: its other graph calls a key); 0: a key as soon as the last is done.
     load_ms: how long the program took to load (its sessions made and run once; None if the page did not say)."""
     try:
-        from playwright.sync_api import sync_playwright
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
     except ImportError:
         raise UserError("the keyboard bench drives a browser with playwright: pip install '.[test]'") from None
     if not Path(CHROMIUM).is_file():
@@ -132,7 +133,13 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(**PHONE)
         page.goto(url + f"?threads={threads}" + ("" if draft else "&draft=0"))
-        page.wait_for_function("document.getElementById('status').dataset.ready === '1'", timeout=120_000)
+        try:
+            page.wait_for_function("(s => s.dataset.ready === '1' || s.classList.contains('error'))"
+                                   "(document.getElementById('status'))", timeout=120_000)
+        except PlaywrightTimeout:
+            raise UserError(f"the page did not load its program in 120 s ({page.inner_text('#status')})") from None
+        if page.get_attribute("#status", "data-ready") != "1":
+            raise UserError(f"the page could not load its program: {page.inner_text('#status')}")
         out = page.evaluate(TYPE_IN_PAGE, {"texts": texts, "model": model, "draft": draft, "interval": interval_ms})
         browser.close()
     steps = [s for typed in out["typed"] for s in typed[1:]]  # every keystroke of every text
