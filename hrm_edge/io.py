@@ -92,9 +92,14 @@ def refuse_unused(parser: argparse.ArgumentParser, args: argparse.Namespace, fla
     `mode` is off, instead of being ignored without a word (`--draft-len 8` without `--speculative`)."""
     if getattr(args, mode.lstrip("-").replace("-", "_")):
         return
+    refuse_flags(flags_given(parser, args, flags), (f"only applies with {mode}", f"only apply with {mode}"),
+                 f"add {mode}, or ")
+
+
+def flags_given(parser: argparse.ArgumentParser, args: argparse.Namespace, flags: tuple[str, ...]) -> list[str]:
+    """Those of `flags` set to other than their default, in the order given."""
     dests = {f: f.lstrip("-").replace("-", "_") for f in flags}
-    given = [f for f, d in dests.items() if getattr(args, d) != parser.get_default(d)]
-    refuse_flags(given, (f"only applies with {mode}", f"only apply with {mode}"), f"add {mode}, or ")
+    return [f for f, d in dests.items() if getattr(args, d) != parser.get_default(d)]
 
 
 def refuse_flags(given: list[str], why: tuple[str, str], fix: str = "") -> None:

@@ -26,8 +26,8 @@ import numpy as np
 
 from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import ArgumentParser, UserError, run_cli
-from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, path_arg, refuse_flags,
-                         refuse_unused, text_arg)
+from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, flags_given, path_arg,
+                         refuse_flags, refuse_unused, text_arg)
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
 from hrm_edge.runtime.decoders import Sampling, generate
@@ -146,9 +146,7 @@ def refuse_unread(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     bpb_flags = ("--max-bytes", "--seq-len", "--samples")
     for flag, unread in (("--keyboard", bpb_flags), ("--repetition", bpb_flags), ("--depth-curve", ("--samples",))):
         if getattr(a, flag[2:].replace("-", "_")) not in (None, False):
-            dests = {f: f[2:].replace("-", "_") for f in unread}
-            refuse_flags([f for f, d in dests.items() if getattr(a, d) != p.get_default(d)],
-                         (f"does not apply with {flag}", f"do not apply with {flag}"))
+            refuse_flags(flags_given(p, a, unread), (f"does not apply with {flag}", f"do not apply with {flag}"))
 
 
 def main(argv=None) -> int:

@@ -298,6 +298,12 @@ def _optimizer_step(model: HRMLM, opt, batch: tuple, step: int, run: TrainStep, 
     return loss
 
 
+def validation_windows(tok, val_stream: np.ndarray, tc) -> tuple[np.ndarray, int]:
+    """The windows every evaluation scores [N, S + 1] and the UTF-8 bytes of the tokens they predict (bits per byte)."""
+    windows = fixed_windows(val_stream, tc.eval_batches * tc.batch_size, tc.seq_len)
+    return windows, int(token_byte_lengths(tok)[windows[:, 1:]].sum())
+
+
 def _record_eval(state: dict, step: int, train_loss: float, ev: EvalResult, tokens_per_s: float, bar) -> None:
     state["history"].append({"step": step, "train_loss": train_loss, "val_loss": ev.loss, "val_perplexity": ev.perplexity,
                              "val_bits_per_byte": ev.bits_per_byte, "tokens_per_s": tokens_per_s})
@@ -327,11 +333,8 @@ def train(preset: Preset, out: Path, resume: bool = False, progress: bool = True
         out = check_writable_dir(out)
         corpus = load_corpus(preset.data)
     tok = _tokenizer(preset, out, corpus, resume, group)
-    train_stream = encode_documents(tok, corpus.train)
-    val_stream = encode_documents(tok, corpus.val)
-    val_windows = fixed_windows(val_stream, tc.eval_batches * tc.batch_size, tc.seq_len)
-    val_bytes = int(token_byte_lengths(tok)[val_windows[:, 1:]].sum())
-
+    train_stream, val_stream = encode_documents(tok, corpus.train), encode_documents(tok, corpus.val)
+    val_windows, val_bytes = validation_windows(tok, val_stream, tc)
     model, state = _model_and_state(preset, out, corpus, tok, resume, len(train_stream), len(val_stream), log)
     model.to(group.device)
     if group.distributed:  # every rank built the same init from the same seed (or loaded the same file); make sure
