@@ -3,6 +3,7 @@ headless Chromium at a phone's viewport against the shipped default model's ONNX
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -366,6 +367,36 @@ def test_server_serves_its_table_only(tmp_path):
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(base + changed)
             assert e.value.code == 410 and b"top secret" not in e.value.read(), changed
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+
+def test_an_ipv6_host_is_served(tmp_path):
+    """--host :: and ::1 listen on IPv6 (they failed with "Address family for hostname not supported"); :: takes IPv4
+    clients too, and the printed URL brackets the address. Where this machine has no IPv6, the demo says so in one
+    line."""
+    from hrm_edge.app.demo import DemoHandler, addresses_to_open, listen, served_files
+    from hrm_edge.errors import UserError
+
+    (tmp_path / "c.json").write_text("{}")
+    routes = served_files({"/export/c.json": tmp_path / "c.json"})
+    handler = partial(DemoHandler, routes=routes, config=b"{}", quiet=True)
+    assert addresses_to_open("::1", 8000) == ["http://[::1]:8000/"]
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:  # no IPv6 on this machine: what a user gets is one line
+        with pytest.raises(UserError, match="cannot listen on ::1:0"):
+            listen("::1", 0, handler)
+        return
+    server = listen("::", 0, handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for host in ("[::1]", "127.0.0.1"):
+            with urllib.request.urlopen(f"http://{host}:{server.server_address[1]}/export/c.json", timeout=10) as r:
+                assert r.read() == b"{}", host
     finally:
         server.shutdown()
         server.server_close()

@@ -13,6 +13,7 @@ ONNX program's graphs reach the page with their weights in one shared file (hrm_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -329,10 +330,34 @@ class DemoHandler(BaseHTTPRequestHandler):
             sys.stderr.write(f"[demo] {self.address_string()} {fmt % args}\n")
 
 
+class DualStackServer(ThreadingHTTPServer):
+    """An IPv6 server; on "::" it takes IPv4 clients too (where the system allows both on one socket)."""
+    address_family = socket.AF_INET6
+
+    def server_bind(self):
+        with contextlib.suppress(AttributeError, OSError):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+def server_class(host: str) -> type:
+    """The server for --host: IPv6 for an IPv6 address ("::", "::1"), else IPv4."""
+    return DualStackServer if ":" in host else ThreadingHTTPServer
+
+
+def listen(host: str, port: int, handler) -> ThreadingHTTPServer:
+    """A server bound to host:port (IPv4 or IPv6 by the address), or one line saying why not."""
+    try:
+        return server_class(host)((host, port), handler)
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def addresses_to_open(host: str, port: int) -> list[str]:
-    """The URLs to print: localhost for a local server; this machine's network addresses for 0.0.0.0."""
+    """The URLs to print: localhost for a local server; this machine's network addresses for 0.0.0.0 or ::."""
     if host not in ("0.0.0.0", "::", ""):
-        return [f"http://{'localhost' if host in ('127.0.0.1', 'localhost') else host}:{port}/"]
+        shown = "localhost" if host in ("127.0.0.1", "localhost") else f"[{host}]" if ":" in host else host
+        return [f"http://{shown}:{port}/"]
     try:
         infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
         ips = sorted({i[4][0] for i in infos if not i[4][0].startswith("127.")})
@@ -346,8 +371,8 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", type=path_arg, help="export folder (holds manifest.json and a *.kv.onnx program)")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: reachable from a "
-                        "phone on the same network)")
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0, or :: for IPv6 and IPv4: "
+                        "reachable from a phone on the same network)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--no-verify", action="store_true",
                    help="serve the export's files without checking them against the manifest's sha256")
@@ -402,17 +427,14 @@ def main(argv=None) -> int:
     handler = partial(DemoHandler, routes=served_files(routes), config=json.dumps(config).encode(),
                       quiet=a.quiet or a.keyboard_bench)
     host, port = ("127.0.0.1", 0) if a.keyboard_bench else (a.host, a.port)
-    try:
-        server = ThreadingHTTPServer((host, port), handler)
-    except OSError as e:
-        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    server = listen(host, port, handler)
     if a.keyboard_bench:
         return keyboard_bench(server, a)
     port = server.server_address[1]
     print(f"[demo] serving {a.dir} ({len(config['models'])} model(s); the model runs in the browser)")
     for url in addresses_to_open(a.host, port):
         print(f"open {url}", flush=True)
-    if a.host not in ("127.0.0.1", "localhost"):
+    if a.host not in ("127.0.0.1", "localhost", "::1"):
         print("[demo] note: over plain http from another device the page is not cross-origin isolated, so "
               "onnxruntime-web runs on one thread there (still a few ms per token)", flush=True)
     try:
