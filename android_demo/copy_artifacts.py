@@ -2,10 +2,11 @@
 
     python android_demo/copy_artifacts.py export/out
 
-hrm.kv.pte (the int8 KV-cache ExecuTorch program), tokenizer.json and web_bundle.bin (the web parity bundle
-for the Self-test; built from the export's parity bundle if the export did not write it). Each file is
-checked against the manifest's sha256 first. Needs the .pte, so the export must include ExecuTorch
-(the default `python -m hrm_edge.export` does; `--formats onnx` does not).
+hrm.kv.pte (the int8 KV-cache ExecuTorch program), tokenizer.json, web_bundle.bin (the web parity bundle
+for the Self-test; built from the export's parity bundle if the export did not write it) and program.json (which
+program it is: the Self-test judges it by its precision's tolerances). Each file is checked against the manifest's
+sha256 first, and a program that did not pass the export's parity gate is refused. Needs the .pte, so the export
+must include ExecuTorch (the default `python -m hrm_edge.export` does; `--formats onnx` does not).
 """
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ def copy_artifacts(out_dir: Path, assets: Path = ASSETS, precision: str = "int8"
           and a.precision == precision and a.cycles is None]
     if not kv:
         raise UserError(f"{out_dir} has no {precision} KV-cache .pte; run python -m hrm_edge.export (with ExecuTorch)")
+    kv = [a for a in kv if a.passed_gate()] or kv[:1]
+    if not kv[0].passed_gate():  # the app ships what it copies: a program the gate refused stays out of it
+        raise UserError(f"{kv[0].path} did not pass the export's parity gate; refusing to copy it into the app "
+                        f"(python -m hrm_edge.parity {out_dir} re-checks it)")
     listed = manifest.get("web_bundle") or manifest["parity_bundle"]
     # every file checked against the manifest's sha256 before anything is copied
     pte, tokenizer, bundle = verify_files(out_dir, manifest, [kv[0].path, manifest["tokenizer"]["path"], listed["path"]],
@@ -42,7 +47,9 @@ def copy_artifacts(out_dir: Path, assets: Path = ASSETS, precision: str = "int8"
         shutil.copyfile(bundle, assets / WEB_BUNDLE)
     else:  # an export from before the web bundle was listed: build it (hrm_edge.verify.web_bundle reads JSON)
         write_web_bundle(assets, json.loads(manifest_json(manifest)), load_bundle(bundle))
-    return [assets / n for n in ("hrm.kv.pte", "tokenizer.json", WEB_BUNDLE)]
+    program = {"artifact": kv[0].path, "precision": precision, "sha256": kv[0].sha256}
+    (assets / "program.json").write_text(json.dumps(program, indent=2) + "\n")
+    return [assets / n for n in ("hrm.kv.pte", "tokenizer.json", WEB_BUNDLE, "program.json")]
 
 
 def main(argv=None) -> int:

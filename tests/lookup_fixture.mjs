@@ -1,11 +1,11 @@
 // node lookup_fixture.mjs JOB.json: the page's generate() (hrm_edge/app/web/js/generate.mjs) with and without
-// context lookup on a fixture model, and its contextGuess on the job's cases. tests/test_speculative.py copies this
+// context lookup on a fixture model, its contextGuess on the job's cases and its promptEnd on the job's cuts. tests/test_speculative.py copies this
 // file and the page's js/ folder next to a node_modules with the page's pinned packages and compares the printed
 // JSON with Python's context_guess and with plain greedy decoding.
 import { readFileSync } from "node:fs";
 
 globalThis.location = { search: "" }; // model.mjs reads the page's URL
-const { contextGuess, generate } = await import("./js/generate.mjs");
+const { contextGuess, generate, promptEnd } = await import("./js/generate.mjs");
 
 // A KvModel stand-in whose greedy choice after token t is next[t] (a fixed permutation cycle over a few tokens, so
 // the text repeats and lookups find it), with small position-dependent values elsewhere so that the repetition
@@ -77,4 +77,5 @@ for (const { prompt, penalty, maxNew } of job.generations) {
   }
   runs.push(out);
 }
-console.log(JSON.stringify({ guesses, runs }));
+const cuts = (job.cuts ?? []).map(([n, maxLen, maxNew]) => promptEnd([...Array(n).keys()], maxLen, maxNew));
+console.log(JSON.stringify({ guesses, runs, cuts }));

@@ -191,10 +191,11 @@ def test_java_heals_and_penalises_like_python(classes, tmp_path):
 def test_java_completes_like_python(classes, tmp_path):
     """The app's Complete (Completion.java) against hrm_edge.runtime.decoders.generate, greedy, on the hash fixture
     model (tests/test_keyboard.py) and the shipped tokenizer, with and without the repetition penalty: the same
-    tokens and text, the text streamed without a U+FFFD, the prompt cut to the context as the page cuts it, and
+    tokens and text, the text streamed without a U+FFFD, the prompt cut as complete --truncate and the page cut it
+    (room for the tokens asked for: it left one), and
     healing (the first token starts with the bytes of the prompt's last one, which the text leaves out)."""
     from hrm_edge.runtime.decoders import Sampling, StepDecoder, generate
-    from hrm_edge.runtime.healing import heal_prompt, token_bytes
+    from hrm_edge.runtime.healing import heal_prompt, prompt_end, token_bytes
     from hrm_edge.train.tokenizer import eos_id, load_tokenizer
     from test_keyboard import FIXTURE_MAX_SEQ_LEN, LONG, HashStepModel, TOKENIZER, printable_ids
 
@@ -209,7 +210,7 @@ def test_java_completes_like_python(classes, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout)
     for case, out in zip(cases, got, strict=True):
-        ids = tok.encode(case["text"], add_special_tokens=False).ids[-(FIXTURE_MAX_SEQ_LEN - 1):]  # the page's cut
+        ids = prompt_end(tok.encode(case["text"], add_special_tokens=False).ids, FIXTURE_MAX_SEQ_LEN, 12)
         context, heal = heal_prompt(ids, vocab_bytes)
         decoder = StepDecoder(HashStepModel(allowed, tok.get_vocab_size()))
         g = generate(decoder, context, 12, Sampling(repetition_penalty=case["penalty"]), eos_id(tok), heal=heal)
@@ -240,7 +241,9 @@ def test_java_metrics_on_a_real_int8_artifact(classes, tiny_export, tmp_path):
 
 
 def test_copy_artifacts_into_the_app(tmp_path):
-    """android_demo/copy_artifacts.py: the int8 KV .pte, tokenizer.json and a web bundle, sha256-checked."""
+    """android_demo/copy_artifacts.py: the int8 KV .pte, tokenizer.json, a web bundle and program.json (its precision,
+    for the Self-test's tolerances), sha256-checked; a program that failed the parity gate is refused (it was
+    copied: the app shipped what the export had refused)."""
     import sys
 
     from hrm_edge.io import sha256_file
@@ -255,12 +258,16 @@ def test_copy_artifacts_into_the_app(tmp_path):
     (root / "hrm.int8.kv.pte").write_bytes(b"a program")
     pte = {"path": "hrm.int8.kv.pte", "format": "pte", "runtime": "executorch", "iteration": "unrolled",
            "precision": "int8", "program": "kv_cache", "bytes": 9,
-           "sha256": sha256_file(root / "hrm.int8.kv.pte")}
+           "sha256": sha256_file(root / "hrm.int8.kv.pte"), "parity": {"x86_64": {"passed": False}}}
     edit_manifest(root, lambda m: m["artifacts"].append(pte))
+    assert_user_error(run(root, "--assets", tmp_path / "assets"), "hrm.int8.kv.pte did not pass the export's parity")
+    assert not (tmp_path / "assets").exists()
+    edit_manifest(root, lambda m: m["artifacts"][-1]["parity"]["x86_64"].update(passed=True))
     proc = run(root, "--assets", tmp_path / "assets")
     assert proc.returncode == 0, proc.stderr
     assets = tmp_path / "assets"
     assert (assets / "hrm.kv.pte").read_bytes() == b"a program"
+    assert json.loads((assets / "program.json").read_text())["precision"] == "int8"
     assert (assets / "tokenizer.json").read_bytes() == (root / "tokenizer.json").read_bytes()
     assert read_web_bundle(assets / "web_bundle.bin").header["prefill_len"] == 4
     (root / "hrm.int8.kv.pte").write_bytes(b"b program")

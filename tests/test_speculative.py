@@ -19,6 +19,7 @@ from hrm_edge.model.checkpoint import load_model
 from hrm_edge.model.eager import EagerDecoder, EagerSpeculativeDecoder
 from hrm_edge.model.lm import HRMLM, CachedDraftForm, CachedVerifyForm, KVCache
 from hrm_edge.runtime.decoders import PteDecoder, Sampling, generate
+from hrm_edge.runtime.healing import prompt_end
 from hrm_edge.runtime.manifest import Artifact
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, DEFAULT_LOOKUP_LEN, PteSpeculativeDecoder, RoundPlan,
                                           accept_greedy, accept_sampled, context_guess, generate_speculative,
@@ -323,7 +324,7 @@ def page_lookup(tmp_path, job: dict) -> dict:
 
 def test_page_context_lookup_is_exact_greedy(tmp_path):
     """The page's Complete with lookup on (greedy) gives plain greedy decoding's tokens in fewer model calls, and its
-    contextGuess is Python's context_guess."""
+    contextGuess is Python's context_guess, its promptEnd complete --truncate's prompt_end."""
     rng = np.random.default_rng(0)
     cases = [([1, 2, 3, 4, 1, 2, 3], 8), ([5, 6, 7, 5, 6], 2), ([1, 2, 3], 8), ([9, 1, 2, 9, 1, 2, 3, 9, 1], 8),
              ([4, 4, 4, 4], 3), ([], 8), ([1, 2, 3, 1, 2], 0)]
@@ -335,9 +336,13 @@ def test_page_context_lookup_is_exact_greedy(tmp_path):
         nxt[a] = b
     generations = [{"prompt": [3, 7, 1], "penalty": 1.0, "maxNew": 40}, {"prompt": [3, 7, 1, 9], "penalty": 1.2,
                    "maxNew": 40}, {"prompt": [5, 3, 7], "penalty": 1.0, "maxNew": 30}]
+    cuts = [(n, max_len, new) for n in (1, 39, 40, 41, 300) for max_len in (40, 256) for new in (0, 1, 12, 64, 500)]
     out = page_lookup(tmp_path, {"guesses": cases, "generations": generations, "vocab": 16, "next": nxt,
-                                 "max_seq_len": 48, "eos": None})
+                                 "max_seq_len": 48, "eos": None, "cuts": cuts})
     assert out["guesses"] == [context_guess(c, m) for c, m in cases]
+    # the page's cut of a long prompt is complete --truncate's (it kept max_len - 1 tokens: room for one new token)
+    assert out["cuts"] == [prompt_end(list(range(n)), max_len, new) for n, max_len, new in cuts]
+    assert prompt_end(list(range(300)), 256, 64) == list(range(108, 300))
     for g, run in zip(generations, out["runs"]):
         plain, lookup = run["0"], run["8"]
         assert lookup["tokens"] == plain["tokens"] and len(plain["tokens"]) == g["maxNew"], run  # the same text

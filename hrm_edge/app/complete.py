@@ -26,7 +26,7 @@ from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
 from hrm_edge.runtime.adaptive import DEFAULT_EXIT_THRESHOLD, AdaptiveDecoder, TopProbRule
 from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, Sampling, generate
-from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY, heal_prompt, token_bytes
+from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY, heal_prompt, prompt_end, token_bytes
 from hrm_edge.runtime.speculative import (DEFAULT_DRAFT_LEN, DEFAULT_LOOKUP_LEN, OnnxSpeculativeDecoder,
                                           PteSpeculativeDecoder, RoundPlan, generate_speculative, speculative_set)
 from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
         if not a.truncate:
             raise UserError(f"the prompt is {len(ids)} tokens, the context holds {max_len}; shorten it or pass "
                             "--truncate")
-        ids = ids[-(max_len - min(a.max_new_tokens, max_len // 2)):]  # room for the new tokens, half the context kept
+        ids = prompt_end(ids, max_len, a.max_new_tokens)  # room for the new tokens, half the context kept
     try:
         decoder = load_decoder(a.artifacts, a.runtime, files, a.threads, a.verbose, a.speculative, a.exit_threshold)
     except UserError:

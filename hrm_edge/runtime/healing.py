@@ -1,5 +1,5 @@
 """Token healing and the repetition penalty: what every client (complete, the page, the Android core) does to the
-logits before sampling. numpy only.
+logits before sampling; and the cut of a prompt longer than the context (prompt_end). numpy only.
 
 Token healing. A byte-level BPE tokenizer merges a line end with the next line's indentation ("\\n" + "   " is one
 token after a colon), so a prompt that ends in a lone "\\n" token is, in training, nearly always followed by a new
@@ -48,6 +48,14 @@ def token_bytes(tok) -> list[bytes]:
 class Heal:
     prefix: bytes  # the removed token's bytes: the first new token starts with them
     allowed: np.ndarray  # [V] bool: the tokens the first new token may be
+
+
+def prompt_end(prompt: list[int], max_len: int, max_new_tokens: int) -> list[int]:
+    """The prompt, or where it leaves no room for one new token, its end: room for max_new_tokens (at least one),
+    half the context kept at least. complete --truncate, the page's Complete and the Android core cut alike."""
+    if len(prompt) <= max_len - 1:
+        return list(prompt)
+    return list(prompt[len(prompt) - (max_len - min(max(max_new_tokens, 1), max_len // 2)):])
 
 
 def heal_prompt(prompt: list[int], vocab_bytes: list[bytes]) -> tuple[list[int], Heal | None]:

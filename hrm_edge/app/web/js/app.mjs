@@ -1,7 +1,7 @@
 // The page: wires the text box, suggestion bar, Complete button and Self-test to the modules above.
 // Everything runs in this browser; the server (hrm_edge/app/demo.py) only hands out files. /demo.json says
 // which models, tokenizer and web parity bundle this export has.
-import { generate } from "./generate.mjs";
+import { generate, promptEnd } from "./generate.mjs";
 import { healPrompt, textAfter } from "./healing.mjs";
 import { AdaptiveModel, BranchModel, KvModel, fetchOk, loadTokenizer, runtimeInfo } from "./model.mjs";
 import { loadWebBundle, selfTest } from "./selftest.mjs";
@@ -165,9 +165,8 @@ async function complete() {
   const before = textBeforeCursor(), after = box.value.slice(box.selectionStart);
   let prompt = state.tokenizer.encode(before);
   if (prompt.length === 0) { setStatus("type something to complete first", true); return; }
-  const room = state.model.maxSeqLen - 1; // at least one new token
-  const truncated = prompt.length > room;
-  if (truncated) prompt = prompt.slice(prompt.length - room);
+  const truncated = prompt.length > state.model.maxSeqLen - 1; // no room for one new token: its end is kept
+  prompt = promptEnd(prompt, state.model.maxSeqLen, completionSettings().maxNewTokens);
   // token healing: the healed first token re-spells the prompt's last token, so its bytes are not shown
   const { context, heal } = healPrompt(prompt, state.tokenizer.bytes);
   const skip = heal ? heal.prefix.length : 0;

@@ -81,10 +81,21 @@ export function contextGuess(context, maxLen, ngrams = LOOKUP_NGRAMS) {
 // exit after the first outer cycle; lossy, opt-in), as `complete --exit-threshold`.
 // Returns {tokens, prefillMs, decodeMs, prefillTokensPerS, decodeTokensPerS, stoppedAt, calls, fromContext,
 // exited, rounds, proposed, accepted}.
+// The prompt, or where it leaves no room for one new token, its end: room for maxNewTokens (at least one), half the
+// context kept at least (healing.py prompt_end: complete --truncate and the Android core cut alike).
+export function promptEnd(ids, maxSeqLen, maxNewTokens) {
+  if (ids.length <= maxSeqLen - 1) return ids;
+  return ids.slice(ids.length - (maxSeqLen - Math.min(Math.max(maxNewTokens, 1), Math.floor(maxSeqLen / 2))));
+}
+
 export async function generate(model, prompt, settings, onToken, shouldStop = () => false) {
   const { maxNewTokens = 64, temperature = 0, topK = 0, seed = 0, eosId = null, repetitionPenalty = 1,
           heal = null, lookupLen = 0, adaptive = null, exitThreshold = 1.01, speculative = null,
           draftLen = 0 } = settings;
+  // as complete: a positive temperature below 1e-4 overflows the scaled logits (written so that NaN fails too)
+  if (!(temperature === 0 || (temperature >= 1e-4 && temperature <= 1e4))) {
+    throw new Error(`temperature must be 0 (greedy) or in [1e-4, 1e4], got ${temperature}`);
+  }
   const random = seededRandom(seed);
   // a guess is checked against the argmax: greedy only, and not with adaptive depth (whose logits depend on depth)
   const lookup = temperature > 0 || adaptive ? 0 : lookupLen;

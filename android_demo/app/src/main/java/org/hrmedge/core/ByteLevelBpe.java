@@ -7,6 +7,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.PriorityQueue;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -49,9 +50,10 @@ public final class ByteLevelBpe {
     private final Map<String, Integer> mergeRank = new HashMap<>();
     private final Map<String, Integer> special = new HashMap<>(); // content -> id
     // word -> ids, bounded as HF tokenizers' BPE cache is: at most CACHE_WORDS words, none longer than CACHE_LENGTH
-    // (a keyboard encodes every partial word of a long session)
+    // (a keyboard encodes every partial word of a long session); concurrent: the app encodes on its UI thread (a
+    // completion's prompt) while its worker encodes the typed text
     static final int CACHE_WORDS = 10_000, CACHE_LENGTH = 256;
-    private final Map<String, int[]> cache = new HashMap<>();
+    private final Map<String, int[]> cache = new ConcurrentHashMap<>();
 
     public ByteLevelBpe(String tokenizerJson) {
         Map<String, Object> root = Json.object(Json.parse(tokenizerJson));

@@ -7,7 +7,7 @@ import java.util.function.BooleanSupplier;
 
 /**
  * A streamed completion over a KV-cache program, with hrm_edge/runtime/decoders.py's generate() semantics, as the
- * page's Complete (generate.mjs): the prompt's end cut to the context (one new token at least), token healing (the
+ * page's Complete (generate.mjs): the prompt's end cut to the context (room for the tokens asked for), token healing (the
  * prompt's last token taken back; the first new token must start with its bytes), the repetition penalty before
  * sampling, temperature 0 greedy (argmax), else temperature and top-k; it stops at EOS, at the context's end, after
  * maxNewTokens, or when the caller says so. A greedy completion equals Python's token for token
@@ -70,9 +70,15 @@ public final class Completion {
      *  before each decode step. */
     public Result run(int[] prompt, Settings s, Listener listener, BooleanSupplier stop) {
         if (prompt.length == 0) throw new IllegalArgumentException("empty prompt");
-        int room = model.maxSeqLen() - 1; // at least one new token
-        boolean truncated = prompt.length > room;
-        TokenHealing heal = TokenHealing.heal(truncated ? Arrays.copyOfRange(prompt, prompt.length - room,
+        // as complete: a positive temperature below 1e-4 overflows the scaled logits (written so that NaN fails too)
+        if (!(s.temperature == 0 || (s.temperature >= 1e-4 && s.temperature <= 1e4))) {
+            throw new IllegalArgumentException("temperature must be 0 (greedy) or in [1e-4, 1e4], got " + s.temperature);
+        }
+        int max = model.maxSeqLen();
+        boolean truncated = prompt.length > max - 1; // no room for one new token
+        // as complete --truncate: the end of the prompt, with room for the tokens asked for (half the context kept)
+        int keep = max - Math.min(Math.max(s.maxNewTokens, 1), max / 2);
+        TokenHealing heal = TokenHealing.heal(truncated ? Arrays.copyOfRange(prompt, prompt.length - keep,
                 prompt.length) : prompt, vocabBytes);
         int[] context = Arrays.copyOf(heal.context, model.maxSeqLen()); // the context, then the new tokens
         int length = heal.context.length, budget = Math.min(s.maxNewTokens, model.maxSeqLen() - length);

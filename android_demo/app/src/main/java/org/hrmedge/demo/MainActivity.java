@@ -20,6 +20,7 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import org.hrmedge.core.ByteLevelBpe;
 import org.hrmedge.core.Completion;
+import org.hrmedge.core.Json;
 import org.hrmedge.core.Lookahead;
 import org.hrmedge.core.ParityMetrics;
 import org.hrmedge.core.TokenHealing;
@@ -41,7 +42,8 @@ import org.pytorch.executorch.Tensor;
  * had (the same program's buffers, written from position 0 again).
  */
 public class MainActivity extends Activity {
-    static final String PTE = "hrm.kv.pte", TOKENIZER = "tokenizer.json", BUNDLE = "web_bundle.bin";
+    static final String PTE = "hrm.kv.pte", TOKENIZER = "tokenizer.json", BUNDLE = "web_bundle.bin",
+            PROGRAM = "program.json";
     static final int MAX_NEW_TOKENS = 64;
     /** As the page's: shorter than the gap between a phone typist's keys, so the chips follow every key (a guessed
      *  key's at once), while keys closer together (auto-repeat, a paste) share one run (docs/keyboard.md). */
@@ -53,6 +55,9 @@ public class MainActivity extends Activity {
     private volatile Completion completion; // set by load() (after the tokenizer, which complete() reads)
     private volatile boolean stopCompletion;
     private boolean suggesting; // a suggestion run is on the worker (UI thread only)
+    private boolean busy; // a completion or the self-test runs: the chips stay off (UI thread only)
+    /** The program's precision (copy_artifacts.py's program.json): the Self-test judges it by that one's tolerances. */
+    private volatile String precision = "int8";
     private ByteLevelBpe tokenizer;
     /** Set by load(): the suggestions, and the chips of the likeliest next key computed between keys. */
     private volatile Lookahead lookahead;
@@ -100,8 +105,10 @@ public class MainActivity extends Activity {
 
     private void load() {
         try {
-            File pte = asset(PTE), tok = asset(TOKENIZER);
+            File pte = asset(PTE), tok = asset(TOKENIZER), about = asset(PROGRAM);
             asset(BUNDLE);
+            precision = (String) Json.object(Json.parse(new String(Files.readAllBytes(about.toPath()), "UTF-8")))
+                    .get("precision");
             long t = System.nanoTime();
             module = Module.load(pte.getAbsolutePath());
             maxSeqLen = (int) module.execute("get_max_seq_len")[0].toInt();
@@ -110,8 +117,11 @@ public class MainActivity extends Activity {
             completion = new Completion(program, TokenHealing.vocabBytes(tokenizer), tokenizer.specialId("<|eos|>"));
             lookahead = new Lookahead(program, null, tokenizer);
             long ms = (System.nanoTime() - t) / 1_000_000;
-            ui.post(() -> { status.setText("int8 KV program loaded in " + ms + " ms"); suggestRunnable.run(); });
-        } catch (Exception e) {
+            ui.post(() -> {
+                status.setText(precision + " KV program loaded in " + ms + " ms");
+                suggestRunnable.run();
+            });
+        } catch (Exception | LinkageError e) { // LinkageError: Module's native library did not load
             ui.post(() -> status.setText("load failed: " + e));
         }
     }
@@ -144,7 +154,7 @@ public class MainActivity extends Activity {
      *  run at a time, as the page: a key during a run schedules the next, so no stale runs queue on the worker (a
      *  completion's streamed tokens included), and chips whose text has changed since are not shown. */
     private final Runnable suggestRunnable = () -> {
-        if (lookahead == null) return;
+        if (lookahead == null || worker.isShutdown()) return; // not loaded yet, or the activity is gone
         if (suggesting) {
             ui.postDelayed(this.suggestRunnable, SUGGEST_DEBOUNCE_MS);
             return;
@@ -177,9 +187,9 @@ public class MainActivity extends Activity {
         for (int i = 0; i < words.length; i++) {
             WordSuggester.Suggestion w = i < found.size() ? found.get(i) : null;
             words[i].setText(w == null ? "" : w.label);
-            words[i].setEnabled(w != null);
+            words[i].setEnabled(w != null && !busy); // a run in flight when Complete was pressed ends meanwhile
             words[i].setOnClickListener(v -> {
-                if (w == null || !before.equals(textBeforeCursor())) return;
+                if (w == null || busy || !before.equals(textBeforeCursor())) return;
                 text.getText().insert(text.getSelectionStart(), w.insert);
             });
         }
@@ -221,6 +231,7 @@ public class MainActivity extends Activity {
     /** While a completion or the self-test runs: Complete, Self-test, the text box and the chips wait (Stop does
      *  not); the next suggestion run enables the chips it shows. */
     private void setBusy(boolean busy) {
+        this.busy = busy;
         findViewById(R.id.complete).setEnabled(!busy);
         findViewById(R.id.selftest).setEnabled(!busy);
         text.setEnabled(!busy);
@@ -240,7 +251,7 @@ public class MainActivity extends Activity {
                 // the bundle's windows overwrite the cache rows of the typed text
                 if (lookahead != null) lookahead.forgetCache();
                 float[] logits = runBundle(b);
-                ParityMetrics.Result r = ParityMetrics.check(logits, b, "int8");
+                ParityMetrics.Result r = ParityMetrics.check(logits, b, precision);
                 long ms = (System.nanoTime() - t) / 1_000_000;
                 ui.post(() -> selftestResult.setText(String.format(Locale.ROOT,
                         "max abs logit error %.2e (≤ %.2e)%ntop-1 agreement %.4f%nperplexity %.3f / %.3f%n%d positions, %d ms%n%s",
@@ -283,7 +294,13 @@ public class MainActivity extends Activity {
 
     @Override
     protected void onDestroy() {
-        worker.shutdownNow();
+        ui.removeCallbacksAndMessages(null); // a pending suggestion run would hand work to a stopped worker
+        stopCompletion = true;
+        if (lookahead != null) lookahead.keyTyped(); // the work ahead stops at its next model call
+        worker.execute(() -> { // after the run in flight, on the thread that calls the program
+            if (module != null) module.destroy();
+        });
+        worker.shutdown();
         super.onDestroy();
     }
 }

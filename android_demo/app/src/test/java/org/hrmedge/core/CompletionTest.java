@@ -94,12 +94,18 @@ public class CompletionTest {
     @Test
     public void cutsALongPromptToTheContextAndStopsAtItsEndOrWhenAsked() {
         ScriptedModel model = new ScriptedModel(9, 8, (call, z) -> z[3] = 5f);
-        int[] prompt = {5, 3, 3, 3, 3, 3, 3, 3, 3, 3}; // 10 tokens, room for 7: cut, then "a" taken back (healing)
+        // 10 tokens: as complete --truncate, the last 8 - min(64, 8 / 2) = 4 kept (it kept 7, which left room for 2
+        // new tokens of the 64 asked for), then "a" taken back (healing)
+        int[] prompt = {5, 3, 3, 3, 3, 3, 3, 3, 3, 3};
         Completion.Result r = new Completion(model, BYTES, 1).run(prompt, greedy(1.0, 64), null, null);
         assertTrue(r.truncated);
-        assertEquals(6, r.promptTokens);
-        assertArrayEquals(new int[] {3, 3}, r.tokens); // the 8 positions full
-        assertEquals(List.of("0:6", "6:1"), model.calls);
+        assertEquals(3, r.promptTokens);
+        assertArrayEquals(new int[] {3, 3, 3, 3, 3}, r.tokens); // the 8 positions full
+        assertEquals(List.of("0:3", "3:1", "4:1", "5:1", "6:1"), model.calls);
+        Completion.Result two = new Completion(new ScriptedModel(9, 8, (call, z) -> z[3] = 5f), BYTES, 1)
+                .run(prompt, greedy(1.0, 2), null, null); // 2 asked for: 6 kept, 5 after healing
+        assertEquals(5, two.promptTokens);
+        assertArrayEquals(new int[] {3, 3}, two.tokens);
         assertTrue(r.summary().contains("(stopped at max length; prompt cut to the context)"));
         int[] asked = {0};
         Completion.Result stopped = new Completion(new ScriptedModel(9, 64, (call, z) -> z[3] = 5f), BYTES, 1)
@@ -107,5 +113,28 @@ public class CompletionTest {
         assertArrayEquals(new int[] {3, 3}, stopped.tokens);
         assertEquals("stop", stopped.stoppedAt);
         assertFalse(stopped.truncated);
+    }
+
+    @Test
+    public void refusesATemperatureOutsideItsRange() {
+        // as complete: 0 (greedy) or [1e-4, 1e4]; an app's field parsed 40 digits as Infinity, and every step drew
+        // the last id, the healing mask ignored
+        for (double t : new double[] {Double.POSITIVE_INFINITY, Double.NaN, 1e-5, -1, 2e4}) {
+            Completion.Settings s = greedy(1.0, 2);
+            s.temperature = t;
+            try {
+                new Completion(new ScriptedModel(9, 64, (call, z) -> z[3] = 5f), BYTES, 1).run(new int[] {5}, s, null,
+                        null);
+                org.junit.Assert.fail("temperature " + t + " was taken");
+            } catch (IllegalArgumentException e) {
+                assertTrue(e.getMessage(), e.getMessage().startsWith("temperature must be 0 (greedy) or in"));
+            }
+        }
+        for (double t : new double[] {0, 1e-4, 1e4}) {
+            Completion.Settings s = greedy(1.0, 2);
+            s.temperature = t;
+            assertEquals(2, new Completion(new ScriptedModel(9, 64, (call, z) -> z[3] = 5f), BYTES, 1)
+                    .run(new int[] {5}, s, null, null).tokens.length);
+        }
     }
 }
