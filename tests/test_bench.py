@@ -61,7 +61,7 @@ def test_pte_weight_bytes_count_the_tables_second_copy():
     assert int8 == fp32 - 3 * linear - 4 * V * D + 2 * (V * D + 4 * V) + 4 * sum(
         m.weight.shape[0] for m in model.modules() if isinstance(m, torch.nn.Linear))
     int4 = pte_weight_bytes(model, "int4")
-    assert int4 < int8 and model.gate_fast.up.in_features % INT4_GROUP  # the gates' up projections stay int8
+    assert int4 < int8 and model.gate_fast.up.in_features % INT4_GROUP  # (this preset's gate_rank): int8
 
 
 def test_the_lead_reports_speculative_decoding_apart_from_full_depth():

@@ -48,7 +48,29 @@ def test_a_calibration_corpus_leaves_out_the_parity_splits_documents(tok, text_c
     cfg = DataConfig(corpus=str(text_corpus))
     val = load_corpus(cfg).val
     windows, record = make_calibration_set(tok, cfg, samples=40, seq_len=16, seed=0, calib_corpus=str(text_corpus))
-    assert record.split == f"all but {len(val)} validation documents"
+    assert record.split == f"all but {len(val)} texts within or holding validation documents"
+    val_stream = encode_documents(tok, val).tobytes()
+    assert not any(w.astype(np.int32).tobytes() in val_stream for w in windows)
+
+
+def test_a_calibration_corpus_cut_into_pieces_leaves_out_validation_text(tok, text_corpus, tmp_path):
+    """A calibration folder of few files is cut into pieces, which never equal a validation document: validation text
+    given that way was calibrated on (every validation text as a file of its own: none left out). Pieces within or
+    holding a validation text are left out now."""
+    from hrm_edge.train.dataset import encode_documents, load_corpus
+
+    cfg = DataConfig(corpus=str(text_corpus))
+    val = load_corpus(cfg).val
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for i, text in enumerate(val):
+        (calib / f"val{i}.py").write_text(text)
+    with pytest.raises(UserError, match="holds no text outside the validation documents"):
+        make_calibration_set(tok, cfg, 8, 16, 0, calib_corpus=str(calib))
+    for i in range(20):
+        (calib / f"other{i}.py").write_text(f"value_{i} = {i} * width\n" * 40)
+    windows, record = make_calibration_set(tok, cfg, 40, 16, 0, calib_corpus=str(calib))
+    assert record.split.startswith("all but ") and record.split.endswith(" texts within or holding validation documents")
     val_stream = encode_documents(tok, val).tobytes()
     assert not any(w.astype(np.int32).tobytes() in val_stream for w in windows)
 

@@ -46,14 +46,18 @@ def make_calibration_set(tok, data_cfg: DataConfig, samples: int, seq_len: int, 
     if samples < 1:
         raise UserError("--calib-samples must be >= 1")
     if calib_corpus:
-        held_out = set((corpus or load_corpus(data_cfg)).val)
+        held_out = (corpus or load_corpus(data_cfg)).val
         given = load_corpus(DataConfig(corpus=calib_corpus, val_percent=0, calib_percent=100), required_splits=())
-        texts = [t for t in given.calib if t not in held_out]
+        texts = outside(given.calib, held_out)
         left_out = len(given.calib) - len(texts)
-        split, source = "all" + (f" but {left_out} validation documents" if left_out else ""), given.source
+        split = "all" + (f" but {left_out} texts within or holding validation documents" if left_out else "")
+        source = given.source
     else:
         corpus = corpus or load_corpus(data_cfg)
         texts, split, source = corpus.calib, "calib", corpus.source
+    if not texts and calib_corpus and left_out:
+        raise UserError(f"calibration corpus {source} holds no text outside the validation documents the parity gate "
+                        f"reads ({left_out} texts within or holding them)")
     if not texts:
         raise UserError(f"calibration corpus {source} is empty (its {split} split has no text)")
     stream = encode_documents(tok, texts)
@@ -67,6 +71,14 @@ def make_calibration_set(tok, data_cfg: DataConfig, samples: int, seq_len: int, 
                                token_count=int(windows.size),
                                tokens_sha256=hashlib.sha256(windows.tobytes()).hexdigest())
     return windows, record
+
+
+def outside(texts: list[str], held_out: list[str]) -> list[str]:
+    """The texts that neither lie within a held-out text nor hold one. Equal texts were not enough: a corpus of fewer
+    than MIN_DOCUMENTS files is cut into pieces (dataset.load_corpus), so a validation document can be whole on one
+    side and in pieces on the other (3 validation files given as the calibration corpus left none out)."""
+    held_out = sorted(set(held_out), key=len)
+    return [t for t in texts if not any(t in v or v in t for v in held_out)]
 
 
 def activation_ranges(model, windows: np.ndarray, batch_size: int = 8) -> dict:

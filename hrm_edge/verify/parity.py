@@ -12,8 +12,10 @@ builds on this module; this module never imports it (the script entry hrm_edge.p
 
 The expected outputs live in the export folder's parity bundle (parity_bundle.npz): the held-out
 validation token windows and the fp32 eager logits. Re-running parity on a folder also recomputes the
-eager logits from model.safetensors and checks the bundle against them, so an edited bundle cannot
-vouch for a wrong artifact.
+fp32 eager logits from model.safetensors and checks the bundle against them, so an edited bundle's fp32 logits
+cannot vouch for a wrong artifact. Its int8 references (the quantized eager models' logits) are trusted through the
+bundle's sha256 in the manifest, as the artifacts are: the sha256s catch damage, not a hand that rewrites the
+manifest too.
 """
 from __future__ import annotations
 
