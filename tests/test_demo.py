@@ -305,6 +305,12 @@ def test_the_page_opens_with_the_8bit_weights_program():
     assert page_default([fp32, static, art("n.kv.onnx", "int8", "nbits", passed=False)]) == "s.kv.onnx"
     assert page_default([fp32, art("i4.kv.onnx", "int4", "nbits")]) == "f.kv.onnx"
     assert page_default([art("f.kv.onnx", "fp32", passed=False)]) == "f.kv.onnx"
+    # an ORT-format MatMulNBits program is not offered: it cannot take the page's form, and the browser's own
+    # MatMulNBits ran 3-5x slower
+    from hrm_edge.app.demo import kv_artifacts
+
+    static_ort = art("s.kv.ort", "int8", "static", fmt="ort")
+    assert kv_artifacts({"artifacts": [fp32, static, nbits_ort, nbits, static_ort]}) == [fp32, static, nbits, static_ort]
 
 
 def test_graphs_onnx_cannot_read_are_served_as_exported(tmp_path, monkeypatch):

@@ -105,7 +105,11 @@ def install_web_packages(npm: str, tmp: Path, target: Path) -> None:
 
 # ---- what is served from the export folder ----
 def kv_artifacts(manifest: dict) -> list:
-    arts = [a for a in manifest["artifacts"] if a.program == "kv_cache" and a.format in ("onnx", "ort")]
+    """The KV programs the page may run: the ONNX graphs and the ORT-format ones, less an ORT-format MatMulNBits
+    program. Its graphs cannot be given the page's form (float products over the 8-bit bytes, shared_weights), and
+    onnxruntime-web's own MatMulNBits ran 3-5x slower (docs/keyboard-measurements.md); it is for native onnxruntime."""
+    arts = [a for a in manifest["artifacts"] if a.program == "kv_cache" and (
+        a.format == "onnx" or a.format == "ort" and (a.quantization or {}).get("mode") != "nbits")]
     if not arts:
         raise UserError("the export has no ONNX KV-cache artifact (*.kv.onnx), which the page runs; "
                         "re-run python -m hrm_edge.export with ONNX")

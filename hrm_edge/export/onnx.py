@@ -419,8 +419,12 @@ def quantize_nbits(fp32_path: Path, path: Path, model: HRMLM, bits: int, block: 
     inits = NewInitializers()
     weights["embed.weight"] = _nbits_tied_table(proto.graph, block, inits)
     proto.graph.initializer.extend(inits)
+    _, body = loop_and_body(proto.graph)  # (the table's rewrite rebuilt the main graph's node list)
     _drop_unused_initializers(proto.graph)
+    _drop_unused_initializers(body)  # what merge_split_concat replaced (onnxruntime warned of it at every load)
+    weights_into_body(proto.graph)  # the merged constants were added to the main graph
     del proto.graph.value_info[:]  # the rewritten values' types changed; runtimes re-infer them
+    del body.value_info[:]
     onnx.checker.check_model(proto, full_check=True)
     atomic_write_bytes(path, proto.SerializeToString())
     return path, weights
