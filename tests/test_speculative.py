@@ -271,7 +271,10 @@ def test_pte_speculative_program_is_exact(default_export):
     program's forward) token for token."""
     model, tokenizer = shipped()
     path = default_export / "hrm.fp32.spec.pte"
+    torch.set_num_threads(2)
     full, spec = PteDecoder(path, threads=1), PteSpeculativeDecoder(path, threads=1)
+    # one thread is one: custom_sdpa's products over several positions ran on every core (the BLAS's OpenMP threads)
+    assert torch.get_num_threads() == 1
     prompt = code_prompt(0)
     reference = full.prefill(np.array(prompt))  # [S, V]
     spec.reset()

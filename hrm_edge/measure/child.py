@@ -111,7 +111,8 @@ def forward_loader(folder: Path, artifact: str, threads: int, tokens: np.ndarray
         from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
         from executorch.runtime import Runtime
 
-        _unsafe_reset_threadpool(threads)
+        _unsafe_reset_threadpool(threads)  # XNNPACK's pool
+        torch.set_num_threads(threads)  # the OpenMP threads of llama::custom_sdpa's BLAS (as OMP_NUM_THREADS here)
         set_weight_cache(weight_cache)
         x = torch.from_numpy(tokens).contiguous()
 

@@ -145,7 +145,10 @@ class PteDecoder(Decoder):
         if threads:
             from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
-            _unsafe_reset_threadpool(threads)
+            _unsafe_reset_threadpool(threads)  # XNNPACK's pool, which ignores torch's setting
+            # and the OpenMP threads of the BLAS the optimized kernels call (libtorch's MKL): llama::custom_sdpa's
+            # products over several positions (prefill, verify) ran on every core whatever `threads` said
+            torch.set_num_threads(threads)
         if weight_cache is not None:
             set_weight_cache(weight_cache)  # read when the program's delegates are initialised, at load
         self.torch = torch
