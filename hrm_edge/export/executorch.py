@@ -57,7 +57,7 @@ class ExecuTorchKVCache(torch.nn.Module):
 
     def start_pos(self, positions) -> int:
         start = positions[0].item()
-        torch._check_is_size(start)
+        torch._check(start >= 0)  # (torch 2.13 deprecates _check_is_size for this)
         torch._check(start < self.max_seq_len)
         return start
 
