@@ -179,6 +179,41 @@ def test_killed_export_leaves_nothing_listed(tiny_export, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert not list(out.glob(".*.tmp")) and not (out / ".export-staging").exists()  # the killed run's leftovers
     assert load_manifest(out)["passed"] is True
+    # the earlier export's programs this ONNX-only one did not make are gone, not left of the earlier model
+    assert not list(out.glob("*.pte")) and not (out / "calibration.json").exists()
+    assert (out / "checkpoint" / "model.safetensors").is_file()
+
+
+def test_a_new_export_removes_what_the_earlier_one_wrote_and_it_did_not(tmp_path, monkeypatch):
+    """An export into an earlier export's folder left the earlier artifacts its manifest no longer lists (of the
+    earlier model: a reader that opens hrm.fp32.kv.pte by name took them). They are removed after the new manifest is
+    in place; files no export writes, and the checkpoint's, stay; a listed name outside the folder is never touched."""
+    from hrm_edge.export import pipeline
+
+    out = tmp_path / "out"
+    out.mkdir()
+    listed = [{"path": name} for name in ("hrm.fp32.kv.pte", "hrm.fp32.onnx", "../outside.txt", "model.safetensors")]
+    (out / "manifest.json").write_text(json.dumps({"artifacts": listed}))
+    earlier = ("hrm.fp32.kv.pte", "hrm.fp32.onnx", "calibration.json", "notes.txt", "config.json", "model.safetensors")
+    for name in earlier:
+        (out / name).write_text("earlier")
+    (tmp_path / "outside.txt").write_text("not the export's")
+
+    def stages(out_dir, staging, options, log):
+        (staging / "hrm.fp32.onnx").write_text("new")
+        (staging / "manifest.json").write_text(json.dumps({"artifacts": [{"path": "hrm.fp32.onnx"}]}))
+        (staging / "parity_report.md").write_text("report")
+        return True
+
+    monkeypatch.setattr(pipeline, "check_inputs", lambda options: None)
+    monkeypatch.setattr(pipeline, "export_stages", stages)
+    logs = []
+    assert pipeline.export_all(out, pipeline.ExportOptions(), log=logs.append)
+    assert not (out / "hrm.fp32.kv.pte").exists() and not (out / "calibration.json").exists()
+    assert (out / "hrm.fp32.onnx").read_text() == "new"
+    assert (out / "notes.txt").exists() and (out / "config.json").exists() and (tmp_path / "outside.txt").exists()
+    assert (out / "model.safetensors").read_text() == "earlier"  # listed as an artifact, but a checkpoint's file
+    assert any("removed 2 files of the earlier export" in line for line in logs), logs
 
 
 def test_int8_artifacts_pass_and_are_recorded(tiny_export):

@@ -226,9 +226,39 @@ def export_all(out: Path, options: ExportOptions | None = None, log=print) -> bo
         with folder_lock(out, EXPORT_MARKER, log), staging_folder(out, STAGING) as staging:
             with one_line_write_errors(out):
                 ok = export_stages(out, staging, options, log)
+                stale = earlier_export_files(out) - {p.name for p in staging.iterdir()}
                 publish(staging, out, last=(REPORT, MANIFEST))
+                remove_stale(out, stale, log)
     log(f"[export] published into {out}")
     return ok
+
+
+# the files only some exports write (calibration: a static int8 mode; the operator list: .ort files)
+OPTIONAL_FILES = ("calibration.json", "calibration_set.npz", "required_operators.config", "web_bundle.bin")
+
+
+def earlier_export_files(out: Path) -> set[str]:
+    """The names of the files an earlier export in `out` wrote that a new export may not write again: the artifacts
+    its manifest lists and the optional files. Never a checkpoint's files (an export may go into its checkpoint)."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+        arts = manifest.get("artifacts") or []
+    except (OSError, ValueError, AttributeError):  # no earlier manifest, or not one to read
+        arts = []
+    names = {a.get("path") for a in arts if isinstance(a, dict)}
+    return {n for n in names if isinstance(n, str) and Path(n).name == n and Path(n).suffix in (".onnx", ".ort", ".pte")
+            } | set(OPTIONAL_FILES)
+
+
+def remove_stale(out: Path, names: set[str], log=print) -> None:
+    """Remove the earlier export's files this one did not write (after its manifest, which does not list them, is in
+    place): they were of the earlier model, and a reader that opens a file by name would have taken them."""
+    removed = sorted(n for n in names if (out / n).is_file() and not (out / n).is_symlink())
+    for name in removed:
+        (out / name).unlink()
+    if removed:
+        log(f"[export] removed {len(removed)} files of the earlier export that this one did not write "
+            f"({some_names(removed)})")
 
 
 def check_inputs(options: ExportOptions) -> None:
