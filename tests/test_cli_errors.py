@@ -118,6 +118,10 @@ def test_thread_counts_seeds_and_output_paths_are_checked_first(tmp_path):
              "is a file, not a folder"),
             ("hrm_edge.demo", (tmp_path, "--host", ""), "--host is empty"),
             ("hrm_edge.bench", (tmp_path, "--seq-len", "0"), "--seq-len >= 1"),  # 0 meant the default
+            # the table beside the results would have replaced them (".md" of "r.md" is itself)
+            ("hrm_edge.bench", (tmp_path, "--json", tmp_path / "r.md"), "ends in .md"),
+            ("hrm_edge.peers", (shipped, "--build-only", "--repeats", "5", "--json", tmp_path / "p.json"),
+             "--repeats, --json time nothing with --build-only"),  # it exited 0 and wrote no JSON
             ("hrm_edge.peers", (shipped, "--prompt-len", "0"), "--prompt-len and --new-tokens must be >= 1"),
             ("hrm_edge.peers", (shipped, "--build-only"), "is a checkpoint folder: give --out")]:
         proc = run_module(module, *args)
@@ -140,6 +144,7 @@ def test_an_empty_path_is_not_the_working_folder(module, args, tmp_path):
 
 @pytest.mark.parametrize("module, flag", [("hrm_edge.train", "--corpus"), ("hrm_edge.export", "--corpus"),
                                           ("hrm_edge.export", "--int8"), ("hrm_edge.export", "--calib-corpus"),
+                                          ("hrm_edge.export", "--cycles"),  # it ran a whole export without the dial
                                           ("hrm_edge.study", "--corpus"), ("hrm_edge.evaluate", "--corpus"),
                                           ("hrm_edge.parity", "--cpu")])
 def test_an_empty_value_is_not_the_default(module, flag, tmp_path):
@@ -260,6 +265,8 @@ def test_a_flag_of_a_mode_that_is_off_is_refused(tmp_path):
              "--max-bytes does not apply with --repetition"),
             ("hrm_edge.evaluate", ("hrm_edge/default_model", "--depth-curve", "--samples", "2"),
              "--samples does not apply with --depth-curve"),
+            ("hrm_edge.evaluate", ("hrm_edge/default_model", "hrm_edge/default_model", "--depth-curve"),
+             "--depth-curve measures one checkpoint"),  # it measured the first and said nothing of the second
             ("hrm_edge.corpus", ("--pin", "a==1", "--out", tmp_path / "c", "--cache", tmp_path / "cache"),
              "--out does not apply with --pin: leave it out")]:
         proc = run_module(module, *args)

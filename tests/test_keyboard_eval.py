@@ -3,6 +3,7 @@ the metric arithmetic with a scripted suggester, and `evaluate --keyboard` end t
 import hashlib
 import itertools
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from hrm_edge.measure.evaluate import main as evaluate_main
 from hrm_edge.measure.ngram import (WORD, NgramKeyboard, build_levels, count_ngrams, encode, fit, make_vocab,
                                     tokens)
 from hrm_edge.train.dataset import CORPUS_FORMAT, RECORD, listing_sha256
+from test_demo import fake_export
 
 
 def model_of(texts, order, min_count=1):
@@ -178,10 +180,19 @@ def test_keyboard_user_errors(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="--keyboard-chars must be >= 1"):
         evaluate_main([ckpt, "--keyboard", "--keyboard-chars", "0"])
     write_built_corpus(tmp_path / "corpus", {("train", "only"): {"m.py": "x = 1\n"}, ("val", "h"): {"a.py": "y\n"}})
-    (tmp_path / "cut.kv.onnx").write_bytes(b"\x08\x07")  # a graph that cannot load: refused before the n-grams
-    with pytest.raises(UserError, match="cannot load cut.kv.onnx"):
-        evaluate_main([ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard", "--keyboard-graph",
-                       str(tmp_path / "cut.kv.onnx")])
+    keyboard_graph = [ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard", "--keyboard-graph"]
+    (tmp_path / "bare.kv.onnx").write_bytes(b"\x08\x07")  # not in an export folder: its sha256 is not known
+    with pytest.raises(UserError, match="no manifest.json beside it"):
+        evaluate_main(keyboard_graph + [str(tmp_path / "bare.kv.onnx")])
+    export = fake_export(tmp_path / "export")  # m.kv.onnx, listed; its tokenizer is not the checkpoint's
+    with pytest.raises(UserError, match="was exported with another tokenizer than"):
+        evaluate_main(keyboard_graph + [str(export / "m.kv.onnx")])
+    shutil.copyfile(export / "tokenizer.json", tmp_path / "ckpt" / "tokenizer.json")
+    with pytest.raises(UserError, match="cannot load m.kv.onnx"):  # refused before the n-grams
+        evaluate_main(keyboard_graph + [str(export / "m.kv.onnx")])
+    (export / "m.kv.onnx").write_bytes(b"edited")  # it was opened without a look at the manifest
+    with pytest.raises(UserError, match="m.kv.onnx does not match the sha256"):
+        evaluate_main(keyboard_graph + [str(export / "m.kv.onnx")])
     monkeypatch.setattr(K, "model_suggester", lambda *args, **kwargs: (lambda text: []))  # the n-grams' errors
     with pytest.raises(UserError, match="at least 2 training projects"):
         evaluate_main([ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard"])

@@ -43,8 +43,9 @@ def pick_artifact(manifest: dict, runtime: str, precision: str, program: str = "
     if not candidates:
         have = sorted({a.precision for a in kv})
         what = {"kv_cache": "KV-cache", "speculative": "self-speculative (--speculative, --exit-threshold)"}[program]
+        how = " --int8 8da4w" if precision == "int4" and fmt == "pte" else ""  # not in a default export
         raise UserError(f"no {precision} {what} {fmt} program in this export (have: {', '.join(have) or 'none'}); "
-                        f"re-run python -m hrm_edge.export")
+                        f"re-run python -m hrm_edge.export{how}")
     # onnxruntime's weight-only MatMulNBits graphs decode faster than the static int8 ones (docs/quantization.md)
     return min(candidates, key=lambda a: (a.quantization or {}).get("mode") != "nbits")
 
@@ -184,7 +185,8 @@ def parser() -> argparse.ArgumentParser:
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("prompt", nargs="?", help="the text to complete (default: read from stdin)")
     p.add_argument("--artifacts", type=path_arg, default=Path("export/out"), help="export folder (default export/out)")
-    p.add_argument("--runtime", choices=RUNTIMES, default="executorch", help="which runtime runs the model")
+    p.add_argument("--runtime", choices=RUNTIMES, default="executorch",
+                   help="which runtime runs the model (default executorch)")
     p.add_argument("--precision", choices=("fp32", "int8", "int4"), default="fp32",
                    help="which exported program (default fp32; int8 with onnx: the weight-only MatMulNBits graph "
                         "where the export has one, else the static int8 one; int4: 4-bit weights, the int4-nbits "

@@ -89,8 +89,10 @@ def comma_list(text: str, choices: tuple) -> tuple[tuple[str, ...], list[str]]:
 
 def parse_int8_modes(text: str) -> tuple[str, ...]:
     modes, bad = ((), []) if text.strip() == "none" else comma_list(text, INT8_MODES)
+    if bad == ["none"]:  # `none` with modes ("none,static")
+        raise UserError("int8 modes: none means no int8 program: give it alone, or leave it out of the list")
     if bad:
-        raise UserError(f"int8 modes: unknown {', '.join(bad)}; choose from {', '.join(INT8_MODES)}, or none")
+        raise UserError(f"int8 modes: unknown {', '.join(bad)}; choose from {', '.join(INT8_MODES)}, or none alone")
     return modes
 
 
@@ -851,7 +853,7 @@ def main(argv=None) -> int:
     p.add_argument("--calib-corpus", type=text_arg,
                    help="text file or folder to calibrate on instead of the corpus's calibration split (less any "
                         "document of the validation split, where the parity gate's windows come from)")
-    p.add_argument("--cycles", help="depth dial: also export the model run with K outer cycles (comma-separated, "
+    p.add_argument("--cycles", type=text_arg, help="depth dial: also export the model run with K outer cycles (comma-separated, "
                    "1..H_cycles, e.g. 1); each depth gets an ONNX graph and a KV-cache .pte, gated against the eager "
                    "model at that depth, and the manifest's depth_dial lists each depth's perplexity")
     p.add_argument("--pte-programs", default=",".join(PTE_PROGRAMS),

@@ -474,7 +474,8 @@ def main(argv=None) -> int:
                    help="self-speculative decoding: a round whose context already holds its text (prompt lookup) takes "
                         f"at most this many proposals from it, verified in one call (default {DEFAULT_LOOKUP_LEN}; 0: the "
                         "first cycle drafts every round)")
-    p.add_argument("--json", type=path_arg, help="where to write the JSON results (default DIR/bench.json)")
+    p.add_argument("--json", type=path_arg, help="where to write the JSON results (default DIR/bench.json); the "
+                                                 "markdown table goes beside it, the same name ending in .md")
     p.add_argument("--no-verify", action="store_true", help="run the artifacts without first checking them against "
                    "the manifest's sha256 (for artifacts edited on purpose)")
     p.add_argument("--verbose", action="store_true", help="show the runtimes' and the export stack's own log lines "
@@ -483,6 +484,8 @@ def main(argv=None) -> int:
     seq_len_ok = a.seq_len is None or a.seq_len >= 1  # None: the default
     if not 1 <= a.threads <= 256 or a.repeats < 1 or a.rounds < 1 or a.lookup_len < 0 or not seq_len_ok:
         raise UserError("--threads must be in 1..256, --repeats, --rounds and --seq-len >= 1, --lookup-len >= 0")
+    if a.json is not None and a.json.suffix == ".md":  # the table would overwrite the results
+        raise UserError(f"--json {a.json} ends in .md, the name of the table written beside it; give a .json name")
     quiet_third_party(a.verbose)
     manifest = read_manifest(a.dir, needs=("model", "tokenizer", "parity_bundle"))
     json_path = check_writable_file(a.json or a.dir / "bench.json")  # before minutes of benchmarking

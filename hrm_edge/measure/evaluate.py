@@ -27,9 +27,10 @@ import numpy as np
 from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import ArgumentParser, UserError, run_cli
 from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, flags_given, path_arg,
-                         refuse_flags, refuse_unused, text_arg)
+                         refuse_flags, refuse_unused, sha256_file, text_arg)
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
+from hrm_edge.runtime.manifest import MANIFEST, read_manifest, verify_files
 from hrm_edge.runtime.decoders import Sampling, generate
 from hrm_edge.train.dataset import encode_documents, heldout_projects, xz_bits_per_byte
 from hrm_edge.train.tokenizer import load_tokenizer
@@ -160,7 +161,7 @@ def main(argv=None) -> int:
                    help="text per held-out project: its first whole files up to this many bytes (default 200000)")
     p.add_argument("--seq-len", type=int, default=256, help="context per window, at most each model's (default 256)")
     p.add_argument("--samples", type=int, default=0, help="also print completions of this many held-out files")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's; --keyboard: 1)")
     p.add_argument("--out", type=path_arg, help="write evaluation.json and evaluation.md into this folder")
     mode = p.add_mutually_exclusive_group()  # each "instead:" is its own evaluation
     mode.add_argument("--depth-curve", action="store_true",
@@ -194,6 +195,8 @@ def main(argv=None) -> int:
     refuse_unread(p, a)
     if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
         raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
+    if a.depth_curve and len(a.checkpoints) > 1:  # it ran on the first and said nothing of the others
+        raise UserError("--depth-curve measures one checkpoint: give one")
     check_inputs(a)
     if a.repetition is not None:
         from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module
@@ -230,6 +233,19 @@ def main(argv=None) -> int:
     return 0
 
 
+def check_keyboard_graph(graph: Path, checkpoint: Path) -> None:
+    """--keyboard-graph and the graphs beside it that extend the words, checked against their export's manifest
+    (sha256), and that export's tokenizer against the checkpoint's, whose words are read with it."""
+    if not (graph.parent / MANIFEST).is_file():
+        raise UserError(f"--keyboard-graph {graph}: no {MANIFEST} beside it; give a graph in its export folder (its "
+                        "sha256 is checked there)")
+    manifest = read_manifest(graph.parent)
+    beside = [graph.name.replace(".kv.", f".{p}.") for p in ("branch", "draft")]
+    verify_files(graph.parent, manifest, [graph.name] + [n for n in beside if (graph.parent / n).is_file()])
+    if sha256_file(checkpoint / TOKENIZER) != manifest["tokenizer"]["sha256"]:
+        raise UserError(f"--keyboard-graph {graph} was exported with another tokenizer than {checkpoint}'s")
+
+
 def keyboard(a: argparse.Namespace, names: list[str]) -> int:
     """--keyboard: the suggestion bar on held-out projects against the n-gram keyboard (hrm_edge.measure.keyboard)."""
     if a.keyboard_chars < 1:
@@ -239,6 +255,8 @@ def keyboard(a: argparse.Namespace, names: list[str]) -> int:
         raise UserError("--keyboard-graph takes one checkpoint and an existing KV graph (*.kv.onnx or *.kv.ort)")
     if a.keyboard_page_form and not (a.keyboard_graph and a.keyboard_graph.name.endswith(".kv.onnx")):
         raise UserError("--keyboard-page-form needs --keyboard-graph with an ONNX KV graph (*.kv.onnx)")
+    if a.keyboard_graph:
+        check_keyboard_graph(a.keyboard_graph, a.checkpoints[0])
     sample = spread_texts if a.keyboard_sample == "spread" else cut_texts
     projects = [ProjectText(name, sample([t for _, t in docs], a.keyboard_chars))
                 for name, docs in sorted(heldout_projects(a.corpus).items())]

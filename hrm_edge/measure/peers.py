@@ -35,7 +35,8 @@ import numpy as np
 
 from hrm_edge.config import ModelConfig, from_dict
 from hrm_edge.errors import ArgumentParser, UserError
-from hrm_edge.io import atomic_write_text, check_writable_dir, check_writable_file, path_arg
+from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, flags_given, path_arg,
+                         refuse_flags)
 from hrm_edge.measure.harness import DecodeTiming, cpu_info, decode_in_child, describe_cpu
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.decoders import Decoder, PteDecoder, ort_session
@@ -353,6 +354,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=path_arg, help="also write the timings, the shape and the CPU to this JSON file")
     p.add_argument("--verbose", action="store_true", help="show the build tools' and runtimes' own log lines")
     a = p.parse_args(argv)
+    if a.build_only:  # they shape the timing, which --build-only leaves out
+        refuse_flags(flags_given(p, a, ("--threads", "--prompt-len", "--new-tokens", "--repeats", "--no-weight-cache",
+                                        "--json")), ("times nothing with --build-only", "time nothing with --build-only"))
     if not 1 <= a.threads <= 256 or a.repeats < 1:
         raise UserError("--threads must be in 1..256, --repeats >= 1")
     if a.json:

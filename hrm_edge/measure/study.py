@@ -1,7 +1,7 @@
 """Study: what a looped, hierarchical model costs and buys, measured on our data.
 
     python -m hrm_edge.study --budget quick --out runs/study-quick      # CI: a few minutes
-    python -m hrm_edge.study --budget full --out runs/study --threads 1 # docs/measurements.md's table (about an hour)
+    python -m hrm_edge.study --budget full --out runs/study --threads 1 # docs/measurements.md's table (GPU: minutes)
 
 Trains, on the same data, tokenizer, token budget (steps x batch x seq_len) and seed: a 4-layer unshared
 Transformer (the reference), HRM-LM with about a quarter of its parameters, an unshared Transformer with
@@ -508,7 +508,7 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick",
                    help="quick: tiny widths, tens of steps, a few minutes (CI; numbers mean nothing); "
-                        "full: the table in docs/measurements.md, about 75 minutes on one core (default: quick)")
+                        "full: the table in docs/measurements.md, its training took about 3 minutes on an H200, its timing 10 on a CPU (default: quick)")
     p.add_argument("--out", type=path_arg, default=DEFAULT_OUT, help=f"study folder (default: {DEFAULT_OUT})")
     p.add_argument("--only", help="comma-separated model names to run (default: all); the table also lists "
                                   "models an earlier run of the same --out finished")
