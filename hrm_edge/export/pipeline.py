@@ -853,7 +853,8 @@ def main(argv=None) -> int:
     p.add_argument("--calib-corpus", type=text_arg,
                    help="text file or folder to calibrate on instead of the corpus's calibration split (less any "
                         "document of the validation split, where the parity gate's windows come from)")
-    p.add_argument("--cycles", type=text_arg, help="depth dial: also export the model run with K outer cycles (comma-separated, "
+    p.add_argument("--cycles", type=text_arg,
+                   help="depth dial: also export the model run with K outer cycles (comma-separated, "
                    "1..H_cycles, e.g. 1); each depth gets an ONNX graph and a KV-cache .pte, gated against the eager "
                    "model at that depth, and the manifest's depth_dial lists each depth's perplexity")
     p.add_argument("--pte-programs", default=",".join(PTE_PROGRAMS),

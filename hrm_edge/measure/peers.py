@@ -355,8 +355,8 @@ def main(argv=None) -> int:
     p.add_argument("--verbose", action="store_true", help="show the build tools' and runtimes' own log lines")
     a = p.parse_args(argv)
     if a.build_only:  # they shape the timing, which --build-only leaves out
-        refuse_flags(flags_given(p, a, ("--threads", "--prompt-len", "--new-tokens", "--repeats", "--no-weight-cache",
-                                        "--json")), ("times nothing with --build-only", "time nothing with --build-only"))
+        timing = ("--threads", "--prompt-len", "--new-tokens", "--repeats", "--no-weight-cache", "--json")
+        refuse_flags(flags_given(p, a, timing), ("times nothing with --build-only", "time nothing with --build-only"))
     if not 1 <= a.threads <= 256 or a.repeats < 1:
         raise UserError("--threads must be in 1..256, --repeats >= 1")
     if a.json:

@@ -508,7 +508,8 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--budget", choices=sorted(BUDGETS), default="quick",
                    help="quick: tiny widths, tens of steps, a few minutes (CI; numbers mean nothing); "
-                        "full: the table in docs/measurements.md, its training took about 3 minutes on an H200, its timing 10 on a CPU (default: quick)")
+                        "full: the table in docs/measurements.md, its training took about 3 minutes on an H200, its "
+                        "timing 10 on a CPU (default: quick)")
     p.add_argument("--out", type=path_arg, default=DEFAULT_OUT, help=f"study folder (default: {DEFAULT_OUT})")
     p.add_argument("--only", help="comma-separated model names to run (default: all); the table also lists "
                                   "models an earlier run of the same --out finished")
