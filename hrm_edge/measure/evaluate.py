@@ -134,6 +134,8 @@ def check_inputs(a: argparse.Namespace) -> None:
     """What every mode reads and writes, checked before minutes of n-gram training or held-out text."""
     if not 0 <= a.threads <= 256:
         raise UserError("--threads must be in 0..256")
+    if a.depth_curve and len(a.checkpoints) > 1:  # it ran on the first and said nothing of the others
+        raise UserError("--depth-curve measures one checkpoint: give one")
     for checkpoint in a.checkpoints:
         check_checkpoint(checkpoint)
     if a.out:
@@ -195,8 +197,6 @@ def main(argv=None) -> int:
     refuse_unread(p, a)
     if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
         raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
-    if a.depth_curve and len(a.checkpoints) > 1:  # it ran on the first and said nothing of the others
-        raise UserError("--depth-curve measures one checkpoint: give one")
     check_inputs(a)
     if a.repetition is not None:
         from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module
