@@ -175,6 +175,25 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     assert "dev: order" not in capsys.readouterr().out
 
 
+def test_a_chip_is_scored_by_what_a_tap_types():
+    """A model chip labelled `if` that inserts "    if" (deeper indentation, then the word) types other text than the
+    next word: no hit. Scored by label it was one (top-3 on the held-out text counted such chips)."""
+    from types import SimpleNamespace as Chip
+
+    text = "    x = 1\n    if y:\n"
+    start = text.index("if")
+    chips = [Chip(label="if", insert="    if"), Chip(label="for", insert="for")]
+    assert K.tapped_words("", chips) == ["    if", "for"]
+    tally = K.Tally()
+    K.type_word(lambda typed: K.tapped_words("", chips) if typed == text[:start] else [], text, start, "if", tally)
+    assert tally.next_top3 == 0 and tally.saved_keys == 0
+    mid = [Chip(label="import", insert="port")]  # mid-word ("im" typed): the label is the whole word
+    assert K.tapped_words("im", mid) == ["import"]
+    tally = K.Tally()
+    K.type_word(lambda typed: K.tapped_words("", [Chip(label="if", insert="if")]), text, start, "if", tally)
+    assert tally.next_top3 == 1
+
+
 def test_keyboard_user_errors(tmp_path, monkeypatch):
     ckpt = scripted_checkpoint(tmp_path / "ckpt")
     with pytest.raises(UserError, match="--keyboard-chars must be >= 1"):

@@ -28,6 +28,8 @@ from hrm_edge.measure.harness import cpu_info, describe_cpu
 from hrm_edge.measure.ngram import WORD, NgramKeyboard, count_ngrams, encode, fit, make_vocab, tokens
 from hrm_edge.train.dataset import built_corpus_root, read_built_corpus
 
+# text before the cursor -> for each chip, the word a tap on it leaves: the typed part of the word and what the tap
+# inserts (an n-gram chip inserts the rest of its word; a model chip may insert more, indentation before its word)
 Suggester = Callable[[str], list[str]]
 SUGGESTIONS = 3  # words on the bar
 KEYBOARD_CHARS = 4_000  # default text per held-out project
@@ -256,7 +258,7 @@ def model_suggester(checkpoint: Path, onnx: Path | None = None, threads: int = 1
     checkpoint, or the exported ONNX graph `onnx` on `threads` threads (its chains on the *.branch.onnx graph beside
     it, else the *.draft.onnx, as on the page). The typed context keeps its cache between keystrokes, as on the page."""
     from hrm_edge.model.checkpoint import TOKENIZER, load_model  # torch
-    from hrm_edge.runtime.suggest import OnnxStepModel, TypedContext, draft_beside, suggest_words
+    from hrm_edge.runtime.suggest import OnnxStepModel, TypedContext, draft_beside, suggest_words, trailing_word
     from hrm_edge.train.tokenizer import load_tokenizer
 
     if onnx is not None:
@@ -272,9 +274,16 @@ def model_suggester(checkpoint: Path, onnx: Path | None = None, threads: int = 1
     tokenizer, context = load_tokenizer(checkpoint / TOKENIZER), TypedContext(step, draft)
 
     def suggest(text: str) -> list[str]:
-        return [w.label for w in suggest_words(context, tokenizer, text, n=SUGGESTIONS).words]
+        return tapped_words(trailing_word(text), suggest_words(context, tokenizer, text, n=SUGGESTIONS).words)
 
     return suggest
+
+
+def tapped_words(typed: str, chips: list) -> list[str]:
+    """What a tap on each chip leaves of the word being typed (`typed`, its typed part): typed + the chip's insert. A
+    chip is scored by this, not by its label: `if` that inserts "    if" after a line's indentation types other text
+    than the word; scored by label, such chips counted as hits (docs/keyboard-evaluation.md)."""
+    return [typed + w.insert for w in chips]
 
 
 def run_keyboard(checkpoints: dict[str, Path], projects: list, corpus: str, ngram: Path | None, out: Path | None,
