@@ -29,7 +29,8 @@ from hrm_edge.measure.harness import DecodeTiming, measure_decode, measure_forwa
 from hrm_edge.measure.peers import peer_decoder
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.runtime.adaptive import AdaptiveDecoder, TopProbRule, generate_adaptive
-from hrm_edge.runtime.decoders import OnnxDecoder, PteDecoder, generate, load_pte, ort_session
+from hrm_edge.runtime.decoders import (OnnxDecoder, PteDecoder, generate, load_pte, ort_session,
+                                      set_pte_threads)
 from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder, PteSpeculativeDecoder, RoundPlan, generate_speculative
 from hrm_edge.runtime.manifest import read_manifest
 from hrm_edge.runtime.xnnpack_options import set_weight_cache
@@ -108,11 +109,9 @@ def forward_loader(folder: Path, artifact: str, threads: int, tokens: np.ndarray
             model = load_model(folder)
             return lambda: _no_grad(torch, model, x)
     elif artifact.endswith(".pte"):
-        from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
         from executorch.runtime import Runtime
 
-        _unsafe_reset_threadpool(threads)  # XNNPACK's pool
-        torch.set_num_threads(threads)  # the OpenMP threads of llama::custom_sdpa's BLAS (as OMP_NUM_THREADS here)
+        set_pte_threads(threads)
         set_weight_cache(weight_cache)
         x = torch.from_numpy(tokens).contiguous()
 

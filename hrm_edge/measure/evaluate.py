@@ -31,6 +31,7 @@ from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_f
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
 from hrm_edge.runtime.manifest import MANIFEST, read_manifest, verify_files
+from hrm_edge.runtime.suggest import graphs_beside
 from hrm_edge.runtime.decoders import Sampling, generate
 from hrm_edge.train.dataset import encode_documents, heldout_projects, xz_bits_per_byte
 from hrm_edge.train.tokenizer import load_tokenizer
@@ -240,8 +241,8 @@ def check_keyboard_graph(graph: Path, checkpoint: Path) -> None:
         raise UserError(f"--keyboard-graph {graph}: no {MANIFEST} beside it; give a graph in its export folder (its "
                         "sha256 is checked there)")
     manifest = read_manifest(graph.parent)
-    beside = [graph.name.replace(".kv.", f".{p}.") for p in ("branch", "draft")]
-    verify_files(graph.parent, manifest, [graph.name] + [n for n in beside if (graph.parent / n).is_file()])
+    beside = [g.name for g in graphs_beside(graph) or () if g.is_file()]
+    verify_files(graph.parent, manifest, [graph.name] + beside)
     if sha256_file(checkpoint / TOKENIZER) != manifest["tokenizer"]["sha256"]:
         raise UserError(f"--keyboard-graph {graph} was exported with another tokenizer than {checkpoint}'s")
 

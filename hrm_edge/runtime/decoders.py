@@ -130,6 +130,17 @@ class OnnxDecoder(StepDecoder):
         self.session = self.step.session
 
 
+def set_pte_threads(threads: int) -> None:
+    """ExecuTorch's threads in this process: XNNPACK's pool, which ignores torch's setting, and the OpenMP threads of
+    the BLAS the optimized kernels call (libtorch's MKL): llama::custom_sdpa's products over several positions
+    (prefill, verify) ran on every core whatever `threads` said."""
+    import torch
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    _unsafe_reset_threadpool(threads)
+    torch.set_num_threads(threads)
+
+
 class PteDecoder(Decoder):
     """The *.kv.pte program (ExecuTorch LLM-runner contract): caches live in the program's buffers.
 
@@ -143,12 +154,7 @@ class PteDecoder(Decoder):
         from executorch.runtime import Runtime
 
         if threads:
-            from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
-
-            _unsafe_reset_threadpool(threads)  # XNNPACK's pool, which ignores torch's setting
-            # and the OpenMP threads of the BLAS the optimized kernels call (libtorch's MKL): llama::custom_sdpa's
-            # products over several positions (prefill, verify) ran on every core whatever `threads` said
-            torch.set_num_threads(threads)
+            set_pte_threads(threads)
         if weight_cache is not None:
             set_weight_cache(weight_cache)  # read when the program's delegates are initialised, at load
         self.torch = torch

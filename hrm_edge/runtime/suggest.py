@@ -161,14 +161,24 @@ class TypedContext:
         return self._by_first.get(prefix[:1], np.zeros(0, np.int64)) if prefix else None
 
 
+def graphs_beside(kv_graph: Path) -> tuple[Path, Path] | None:
+    """The branch and draft graphs exported beside a KV graph (hrm.X.kv.onnx: hrm.X.branch.onnx, hrm.X.draft.onnx),
+    present or not; None for another file (a .ort one has neither)."""
+    name = kv_graph.name
+    if not name.endswith(".kv.onnx"):
+        return None
+    stem = name[: -len(".kv.onnx")]
+    return kv_graph.with_name(stem + ".branch.onnx"), kv_graph.with_name(stem + ".draft.onnx")
+
+
 def draft_beside(kv_graph: Path, threads: int = 0):
     """The model that extends the chains, from the graphs exported beside a KV graph (hrm.X.kv.onnx): its branch graph
     (hrm.X.branch.onnx, an OnnxBranchModel: the rows share the context's cache), else its draft graph (hrm.X.draft.onnx,
     an OnnxStepModel: the context's cache tiled per row); None if neither is there (a .ort file, an older export)."""
-    name = kv_graph.name
-    if not name.endswith(".kv.onnx"):
+    beside = graphs_beside(kv_graph)
+    if beside is None:
         return None
-    branch, draft = (kv_graph.with_name(name[: -len(".kv.onnx")] + f".{p}.onnx") for p in ("branch", "draft"))
+    branch, draft = beside
     if branch.is_file():
         return OnnxBranchModel(branch, threads)
     return OnnxStepModel(draft, threads) if draft.is_file() else None

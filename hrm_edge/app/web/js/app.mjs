@@ -166,7 +166,8 @@ async function complete() {
   let prompt = state.tokenizer.encode(before);
   if (prompt.length === 0) { setStatus("type something to complete first", true); return; }
   const truncated = prompt.length > state.model.maxSeqLen - 1; // no room for one new token: its end is kept
-  prompt = promptEnd(prompt, state.model.maxSeqLen, completionSettings().maxNewTokens);
+  const asked = completionSettings();
+  prompt = promptEnd(prompt, state.model.maxSeqLen, asked.maxNewTokens);
   // token healing: the healed first token re-spells the prompt's last token, so its bytes are not shown
   const { context, heal } = healPrompt(prompt, state.tokenizer.bytes);
   const skip = heal ? heal.prefix.length : 0;
@@ -186,7 +187,7 @@ async function complete() {
     }
   };
   try {
-    const settings = { ...completionSettings(), heal };
+    const settings = { ...asked, heal };
     if (settings.exitThreshold !== null) {
       settings.adaptive = await adaptiveModel();
       if (!settings.adaptive) throw new Error(`${state.modelInfo.id} has no draft and verify graphs (adaptive depth)`);
