@@ -13,9 +13,10 @@ import pytest
 from conftest import REPO
 from test_android_core import classes, java, typed_code  # noqa: F401  (classes: the compiled Java core, a fixture)
 from test_demo import DemoServer
-from hrm_edge.runtime.suggest import (BRANCHES, CANDIDATES, MAX_EXTRA_TOKENS, TypedContext, context_window, decide,
-                                      first_decision, healed, healed_start, is_word_char, keyboard_metrics,
-                                      read_typed_word, read_word, suggest_words, trailing_word)
+from hrm_edge.runtime.suggest import (BRANCHES, CANDIDATES, MAX_EXTRA_TOKENS, TYPED_LINES, TYPED_SHARE, TypedContext,
+                                      Word, context_window, decide, first_decision, first_tokens, healed, healed_start,
+                                      is_word_char, keyboard_metrics, read_typed_word, read_word, suggest_words,
+                                      trailing_word, typed_words, with_typed_words)
 from hrm_edge.train.tokenizer import load_tokenizer
 
 TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
@@ -29,7 +30,8 @@ SESSIONS = [("import o", "s.pa"), ("import os\ndef ", "get_na"), ("class Foo(", 
             ("", "for i in ra"), ("print(", "self.v"), (LONG, "    re"), ("a = [1, 2]\n# ", "café é"),
             ("from .", "astutils import valid_sym"), ("x = 1\nfr", "obnicate_xq"),  # partial words of 2+ tokens
             ("a " * 35, "expected"),  # a window near FIXTURE_MAX_SEQ_LEN whose longest chains must still fit
-            ("s = '", "añ 𝑥y 中文 naï")]  # characters of several byte tokens; one outside the BMP
+            ("s = '", "añ 𝑥y 中文 naï"),  # characters of several byte tokens; one outside the BMP
+            ("zq_1 = 1\n" + "x\n" * 199, "zq")]  # zq_1 is one line before the typed words' window (step 11)
 
 
 def mix(x):
@@ -235,6 +237,52 @@ def test_a_partial_word_of_several_tokens_is_healed(tokenizer, allowed):
     assert healed_start(tokenizer, tokenizer.encode("x = 1\nfr", add_special_tokens=False).ids, "fr") == cut - 1
 
 
+def test_first_tokens_at_a_word_start_rank_the_shorter_ones_with_the_rest(tokenizer):
+    """docs/keyboard.md step 5. "\n        self" is the tokens "\n       " " self": after a typed "\n        " the
+    first token that the text is spelled with is a proper prefix of the taken-back text. Put after the tokens that
+    start with it, the chip `self` came from "\n           " " self" and inserted 4 spaces too many."""
+    assert [tokenizer.decode([i]) for i in tokenizer.encode("x\n        self").ids][1:] == ["\n       ", " self"]
+    texts = ["\n        ", "\n           ", "\n       ", "\n", "\n            ", "ab", "abc", "a", "abd"]
+    logits = np.array([1, 2, 5, 3, 0, 1, 2, 4, 2], np.float32)  # ties (2, 2): the lower id first
+    assert first_tokens(logits, texts, "\n        ", 3, mid_word=False) == [2, 3, 1]
+    assert first_tokens(logits, texts, "ab", 3, mid_word=True) == [6, 8, 5]  # mid-word: the covering ones first
+    assert first_tokens(logits, texts, "ab", 4, mid_word=True) == [6, 8, 5, 7]
+
+
+def test_the_words_already_typed_join_the_models():
+    """Step 11: score (1 - TYPED_SHARE) p + TYPED_SHARE c / C; a chip inserts what its larger part inserts; the words
+    are read after the TYPED_LINES-th last line break; ties: the model's order, then first occurrence."""
+    assert typed_words("a b\nc a(\n  d_1 = a\n") == {"a": (3, "\n"), "b": (1, "\n"), "c": (1, " "), "d_1": (1, " ")}
+    assert TYPED_LINES == 200 and "old" not in typed_words("old\n" + "x\n" * 199)
+    assert typed_words("old\n" + "x\n" * 198)["old"] == (1, "\n")
+    model = [Word("if", "    if", 0.5, " "), Word("self", "self", 0.05, ".")]
+    text = "self.a = 1\nself.b(x)\nx "  # typed before: self 2, a 1, 1 1 (a number is a word), b 1, x 2 (C = 7)
+    words = with_typed_words(model, text, "", 3)
+    share = TYPED_SHARE / 7
+    # self: the model's part 0.045 is larger than the typed 0.029: its insert and ending (".", not "(")
+    assert [(w.label, w.insert, w.ending) for w in words] == [("if", "    if", " "), ("self", "self", "."),
+                                                               ("x", "x", " ")]
+    assert words[0].probability == (1 - TYPED_SHARE) * 0.5
+    assert words[1].probability == (1 - TYPED_SHARE) * 0.05 + TYPED_SHARE * 2 / 7 and words[2].probability == 2 * share
+    # mid-word: the typed words that go on from the partial word (not the partial word itself)
+    assert [(w.label, w.insert) for w in with_typed_words([], "self.a = 1\nse", "se", 3)] == [("self", "lf")]
+    assert with_typed_words([], "self.a = 1\nself", "self", 3) == []
+    cut = with_typed_words([Word("if", "    if", 0.01, " ")], "if x:\n    ", "", 3)  # the typed "if" is larger
+    assert [(w.label, w.insert, w.ending) for w in cut][:1] == [("if", "if", " ")]
+
+
+def test_shipped_checkpoint_suggests_self_at_the_lines_indentation(tokenizer):
+    """Held-out httpcore, where the chip `self` inserted "    self" (docs/keyboard.md step 5): a tap types the word."""
+    from hrm_edge.model.checkpoint import load_model
+    from hrm_edge.model.eager import EagerStepModel
+
+    model = load_model(REPO / "hrm_edge" / "default_model")
+    text = ("class Connection:\n    def __init__(self, origin, stream):\n        self._origin = origin\n"
+            "        self._network_stream = stream\n        ")
+    words = suggest_words(TypedContext(EagerStepModel(model), EagerStepModel(model, n_cycles=1)), tokenizer, text).words
+    assert (words[0].label, words[0].insert) == ("self", "self") and words[0].probability > 0.1, words
+
+
 def test_healing_never_takes_back_part_of_a_character(tokenizer):
     """A character of several byte tokens is taken back whole: a taken-back text starting with U+FFFD would be
     spelled by any bytes, and the chips would show a character the model did not write. HEAL_CHARS counts code
@@ -293,6 +341,7 @@ def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monke
 
     texts = set(tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())]))
     model = HashStepModel(allowed, tokenizer.get_vocab_size())
+    monkeypatch.setattr(suggest, "with_typed_words", lambda words, *args: words)  # the model's words alone
     with_budget = [suggest_words(TypedContext(model), tokenizer, t).words for t in ("import o", "x = ", "def f(")]
     monkeypatch.setattr(suggest, "MAX_EXTRA_TOKENS", 0)
     model.calls.clear()

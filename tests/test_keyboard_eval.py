@@ -11,8 +11,8 @@ import pytest
 from hrm_edge.errors import UserError
 from hrm_edge.measure import keyboard as K
 from hrm_edge.measure.evaluate import main as evaluate_main
-from hrm_edge.measure.ngram import (WORD, NgramKeyboard, build_levels, count_ngrams, encode, fit, make_vocab,
-                                    tokens)
+from hrm_edge.measure.ngram import (WORD, CachedKeyboard, NgramKeyboard, build_levels, count_ngrams, encode, fit,
+                                    make_vocab, tokens)
 from hrm_edge.train.dataset import CORPUS_FORMAT, RECORD, listing_sha256
 from test_demo import fake_export
 
@@ -35,6 +35,21 @@ def test_words_and_tokens_follow_the_page():
     assert m.context_ids("x = fo") == ([m.bos, ids["x"], ids["="]], "fo")  # mid-word: the typed part apart
     assert m.context_ids("x = ") == ([m.bos, ids["x"], ids["="]], "")
     assert m.context_ids("y\n") == ([m.bos, m.unk, ids["\n"]], "")
+
+
+def test_the_cache_adds_the_words_typed_before():
+    """CachedKeyboard: score(w) = (1 - weight) P(w | h) + weight c(w) / C over the words typed before the cursor's; a
+    typed word outside the vocabulary (zz_new) is scored by the cache alone. After b (bigram, hand computation below):
+    a 0.48125, c 0.33125, b 0.13125."""
+    m = model_of(["a b a b c"], 2)
+    assert CachedKeyboard(m, 0.0).suggest("a b ") == m.suggest("a b ") == ["a", "c", "b"]
+    text = "zz_new zz_new b "  # typed before: zz_new 2, b 1 (C = 3)
+    cached = CachedKeyboard(m, 0.5)
+    # a 0.5 * 0.48125 = 0.241, c 0.166, b 0.066 + 0.5 / 3 = 0.232, zz_new 0.5 * 2 / 3 = 0.333
+    assert cached.suggest(text) == ["zz_new", "a", "b"]
+    assert cached.suggest(text + "z") == ["zz_new"]  # mid-word: the cached words that start with the typed part
+    # weight 0.2: a 0.385, c 0.265, b 0.105 + 0.067 = 0.172, zz_new 0.133
+    assert CachedKeyboard(m, 0.2).suggest(text) == ["a", "c", "b"]
 
 
 def test_kneser_ney_bigram_matches_hand_computation():
@@ -149,6 +164,7 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     code = "import os\nimport sys\n\ndef main(args):\n    return os.path.join(args.root, args.name)\n"
     corpus = {("train", f"p{i}"): {"m.py": code.replace("main", f"main{i % 2}")} for i in range(4)}
     corpus[("val", "held")] = {"a.py": code}
+    corpus[("calib", "dev")] = {"d.py": "import os\nos.path\n"}
     write_built_corpus(tmp_path / "corpus", corpus)
     monkeypatch.setattr(K, "NGRAM_ORDERS", (2, 3))
     # the model's keyboard scripted (the real one: hrm_edge.runtime.suggest, tests/test_keyboard.py): always "os"
@@ -166,6 +182,8 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     assert held["words"] == len(WORD.findall(code[:60].rsplit("\n", 1)[0] + "\n")) == 7
     assert held["next_top3"] >= 0.5 and 0.3 < held["savings"] < 1  # the training text is the held-out text
     assert rows[("all", f"ngram-{ngram['order']}")]["words"] == 7
+    cached = rows[("held", f"ngram-{ngram['order']} + cache")]  # the n-gram with the words typed before
+    assert cached["words"] == 7 and cached["savings"] >= held["savings"] and record["ngram"]["cache_weight"] == 0.3
     # "os" is the next word at 1 of the 7 typed word starts ("import os"; the text is cut before "return os")
     assert rows[("held", "ckpt")]["next_top3"] == pytest.approx(1 / 7)
     assert f"{ngram['bytes']:,} bytes on disk" in (out / "keyboard.md").read_text() in capsys.readouterr().out
@@ -173,6 +191,15 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
     assert evaluate_main([str(tmp_path / "ckpt"), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--out",
                           str(out), "--keyboard-chars", "60"]) == 0
     assert "dev: order" not in capsys.readouterr().out
+    assert evaluate_main([str(tmp_path / "ckpt"), "--corpus", str(tmp_path / "corpus"), "--keyboard", "--out",
+                          str(out), "--keyboard-split", "calib", "--ngram-cache-weight", "0"]) == 0  # the dev set
+    record = json.loads((out / "keyboard.json").read_text())
+    assert record["split"] == "calib" and {r["project"] for r in record["rows"]} == {"dev", "all"}
+    rows = {r["suggester"]: r for r in record["rows"] if r["project"] == "dev"}
+    plain, cached = rows[f"ngram-{ngram['order']}"], rows[f"ngram-{ngram['order']} + cache"]
+    scores = ("words", "next_top1", "next_top3", "after1", "after2", "savings", "suggestions")
+    assert plain["words"] == 4 and [cached[k] for k in scores] == [plain[k] for k in scores]  # weight 0: no cache
+    assert "calib split's projects" in capsys.readouterr().out
 
 
 def test_a_chip_is_scored_by_what_a_tap_types():
@@ -198,6 +225,8 @@ def test_keyboard_user_errors(tmp_path, monkeypatch):
     ckpt = scripted_checkpoint(tmp_path / "ckpt")
     with pytest.raises(UserError, match="--keyboard-chars must be >= 1"):
         evaluate_main([ckpt, "--keyboard", "--keyboard-chars", "0"])
+    with pytest.raises(UserError, match="--ngram-cache-weight in"):
+        evaluate_main([ckpt, "--keyboard", "--ngram-cache-weight", "1.5"])
     write_built_corpus(tmp_path / "corpus", {("train", "only"): {"m.py": "x = 1\n"}, ("val", "h"): {"a.py": "y\n"}})
     keyboard_graph = [ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard", "--keyboard-graph"]
     (tmp_path / "bare.kv.onnx").write_bytes(b"\x08\x07")  # not in an export folder: its sha256 is not known

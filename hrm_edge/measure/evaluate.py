@@ -29,6 +29,7 @@ from hrm_edge.errors import ArgumentParser, UserError, run_cli
 from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, flags_given, path_arg,
                          refuse_flags, refuse_unused, sha256_file, text_arg)
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
+from hrm_edge.measure.ngram import CACHE_WEIGHT
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
 from hrm_edge.runtime.manifest import MANIFEST, read_manifest, verify_files
 from hrm_edge.runtime.suggest import graphs_beside
@@ -180,8 +181,15 @@ def main(argv=None) -> int:
                    help="--keyboard: where each project's text comes from: pieces spread over its files (default), "
                         "or its first files from their start (the measure before 2026-12-03, dominated by a "
                         "project's first files: a Sphinx conf.py, an __init__.py of imports)")
+    p.add_argument("--keyboard-split", choices=("val", "calib"), default="val",
+                   help="--keyboard: the split typed: the held-out projects (val, default), or the calibration "
+                        "split's documents (calib: text neither the model nor the n-gram trained on, from other "
+                        "projects than the held-out ones; where the suggestion algorithm's choices are measured)")
     p.add_argument("--ngram", type=path_arg, help="--keyboard: the n-gram keyboard's file, loaded if it exists, else "
                    "trained on the corpus's training split and saved there (default: OUT/keyboard-ngram.npz)")
+    p.add_argument("--ngram-cache-weight", type=float, default=CACHE_WEIGHT, help="--keyboard: the share of the "
+                   f"n-gram keyboard's cache of the words already typed, in its row '+ cache' (default {CACHE_WEIGHT}, "
+                   "chosen on the calib split)")
     p.add_argument("--keyboard-graph", type=path_arg, help="--keyboard: suggest through this exported KV graph (e.g. "
                    "the page's EXPORT/hrm.int8-nbits.kv.onnx) instead of the eager checkpoint (one checkpoint); the "
                    "words are extended by the .branch.onnx graph beside it (else the .draft.onnx) when there is one, "
@@ -193,8 +201,8 @@ def main(argv=None) -> int:
                    help="instead: how often continuations of held-out code repeat themselves at these repetition "
                         "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
     a = p.parse_args(argv)
-    refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--ngram", "--keyboard-graph",
-                         "--keyboard-page-form"), "--keyboard")
+    refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--keyboard-split", "--ngram", "--ngram-cache-weight",
+                         "--keyboard-graph", "--keyboard-page-form"), "--keyboard")
     refuse_unread(p, a)
     if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
         raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
@@ -249,8 +257,8 @@ def check_keyboard_graph(graph: Path, checkpoint: Path) -> None:
 
 def keyboard(a: argparse.Namespace, names: list[str]) -> int:
     """--keyboard: the suggestion bar on held-out projects against the n-gram keyboard (hrm_edge.measure.keyboard)."""
-    if a.keyboard_chars < 1:
-        raise UserError("--keyboard-chars must be >= 1")
+    if a.keyboard_chars < 1 or not 0 <= a.ngram_cache_weight <= 1:
+        raise UserError("--keyboard-chars must be >= 1, --ngram-cache-weight in [0, 1]")
     if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()
                              or not a.keyboard_graph.name.endswith((".kv.onnx", ".kv.ort"))):
         raise UserError("--keyboard-graph takes one checkpoint and an existing KV graph (*.kv.onnx or *.kv.ort)")
@@ -260,8 +268,7 @@ def keyboard(a: argparse.Namespace, names: list[str]) -> int:
         check_keyboard_graph(a.keyboard_graph, a.checkpoints[0])
     sample = spread_texts if a.keyboard_sample == "spread" else cut_texts
     projects = [ProjectText(name, sample([t for _, t in docs], a.keyboard_chars))
-                for name, docs in sorted(heldout_projects(a.corpus).items())]
+                for name, docs in sorted(heldout_projects(a.corpus, a.keyboard_split).items())]
     with tempfile.TemporaryDirectory(prefix="hrm-page-form.") as tmp:  # the page's form of the graphs, if asked for
         graph = page_form(a.keyboard_graph, Path(tmp)) if a.keyboard_page_form else a.keyboard_graph
-        return run_keyboard(dict(zip(names, a.checkpoints)), projects, a.corpus, a.ngram, a.out, a.threads or 1,
-                            graph)
+        return run_keyboard(a, dict(zip(names, a.checkpoints)), projects, graph)

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from hrm_edge.errors import UserError
 from hrm_edge.io import atomic_write_text
 from hrm_edge.measure.harness import cpu_info, describe_cpu
-from hrm_edge.measure.ngram import WORD, NgramKeyboard, count_ngrams, encode, fit, make_vocab, tokens
+from hrm_edge.measure.ngram import WORD, CachedKeyboard, NgramKeyboard, count_ngrams, encode, fit, make_vocab, tokens
 from hrm_edge.train.dataset import built_corpus_root, read_built_corpus
 
 # text before the cursor -> for each chip, the word a tap on it leaves: the typed part of the word and what the tap
@@ -286,27 +286,32 @@ def tapped_words(typed: str, chips: list) -> list[str]:
     return [typed + w.insert for w in chips]
 
 
-def run_keyboard(checkpoints: dict[str, Path], projects: list, corpus: str, ngram: Path | None, out: Path | None,
-                 threads: int = 1, graph: Path | None = None, progress: bool = True) -> int:
-    """`python -m hrm_edge.evaluate CKPT --keyboard`: the table, printed and written to out/keyboard.{json,md}.
-    graph: run the (one) checkpoint's keyboard through this exported KV graph instead of the eager model."""
+def run_keyboard(a, checkpoints: dict[str, Path], projects: list, graph: Path | None = None) -> int:
+    """`python -m hrm_edge.evaluate CKPT --keyboard` (its flags `a`): the table, printed and written to
+    a.out/keyboard.{json,md}. graph: run the (one) checkpoint's keyboard through this exported KV graph instead of the
+    eager model. The projects come from the corpus split a.keyboard_split (val: held out; calib: a dev set)."""
+    threads, out = a.threads or 1, a.out
     suggesters: dict[str, Suggester] = {  # first: a checkpoint or graph that cannot load is refused before the n-grams
         (f"{name} ({graph.name})" if graph else name): model_suggester(path, onnx=graph, threads=threads)
         for name, path in checkpoints.items()}
-    model, size = load_or_train(ngram or (out / NGRAM_FILE if out else None), corpus, progress)
+    model, size = load_or_train(a.ngram or (out / NGRAM_FILE if out else None), a.corpus)
     suggesters[f"ngram-{model.order}"] = model
-    rows = keyboard_rows(evaluate_keyboards(suggesters, projects, progress))
+    suggesters[f"ngram-{model.order} + cache"] = CachedKeyboard(model, a.ngram_cache_weight)
+    rows = keyboard_rows(evaluate_keyboards(suggesters, projects))
     cpu = cpu_info(threads)
     ngram_line = (f"n-gram keyboard: interpolated Kneser-Ney, order {model.order} (chosen on dev projects), "
                   f"{len(model.vocab):,} tokens, n-grams of count >= {model.info.get('min_count')}, "
-                  f"{model.ngrams:,} n-grams, {size:,} bytes on disk")
-    table = (f"Keyboard on held-out projects ({sum(len(t) for p in projects for t in p.texts):,} characters; "
+                  f"{model.ngrams:,} n-grams, {size:,} bytes on disk; + cache: the words typed before, weight "
+                  f"{a.ngram_cache_weight:g}")
+    where = "held-out projects" if a.keyboard_split == "val" else f"the {a.keyboard_split} split's projects"
+    table = (f"Keyboard on {where} ({sum(len(t) for p in projects for t in p.texts):,} characters; "
              f"identifier words; 3 suggestions):\n{describe_cpu(cpu)}\n{ngram_line}\n\n" + render_keyboard(rows))
     print(table)
     if out:
-        record = {"corpus": corpus, "cpu": cpu, "ngram": {"path": str(ngram or out / NGRAM_FILE), "bytes": size,
-                  "order": model.order, "vocab": len(model.vocab), "ngrams": model.ngrams} | model.info,
-                  "rows": rows}
+        record = {"corpus": a.corpus, "split": a.keyboard_split, "cpu": cpu,
+                  "ngram": {"path": str(a.ngram or out / NGRAM_FILE), "bytes": size, "order": model.order,
+                            "vocab": len(model.vocab), "ngrams": model.ngrams, "cache_weight": a.ngram_cache_weight}
+                  | model.info, "rows": rows}
         atomic_write_text(out / "keyboard.json", json.dumps(record, indent=2) + "\n")
         atomic_write_text(out / "keyboard.md", table)
     return 0

@@ -39,6 +39,7 @@ NEWLINE, UNK, BOS = "\n", "<unk>", "<s>"
 WORD_BITS = 21  # a key packs (context index << WORD_BITS) | token id
 TAIL_CHARS = 400  # text before the cursor that a suggestion reads (enough for order - 1 tokens)
 FORMAT = "hrm-edge-ngram-keyboard/1"
+CACHE_WEIGHT = 0.3  # the cache's share in CachedKeyboard, chosen on the calibration split (docs/keyboard-evaluation.md)
 MIN_COUNTS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)  # pruning thresholds tried
 
 
@@ -214,8 +215,7 @@ class NgramKeyboard:
     def suggest(self, text: str, n: int = 3) -> list[str]:
         """The n most probable identifier words after `text`; mid-word, the words completing the typed part."""
         context, typed = self.context_ids(text)
-        lo = bisect.bisect_left(self.words, typed)
-        hi = bisect.bisect_left(self.words, typed + "\U0010ffff") if typed else self.n_words
+        lo, hi = self.word_range(typed)
         if hi <= lo:
             return []
         p = self.distribution(context)[lo:hi]
@@ -225,6 +225,11 @@ class NgramKeyboard:
 
     def __call__(self, text: str) -> list[str]:
         return self.suggest(text)
+
+    def word_range(self, typed: str) -> tuple[int, int]:
+        """[lo, hi): the ids of the vocabulary's words that start with `typed` (all words for "")."""
+        lo = bisect.bisect_left(self.words, typed)
+        return lo, bisect.bisect_left(self.words, typed + "\U0010ffff") if typed else self.n_words
 
     def to_bytes(self) -> bytes:
         """The model as a file: numpy .npz, deflated."""
@@ -270,3 +275,30 @@ def fit(counts: list[OrderCounts], vocab: list[str], order: int, max_bytes: int,
         if size <= max_bytes:
             return model, size
     raise ValueError(f"no order-{order} model fits in {max_bytes} bytes (the unigrams alone are too large)")
+
+
+class CachedKeyboard:
+    """The n-gram keyboard with a cache of the words already typed in the text, as phone keyboards learn the words
+    their user types (a unigram cache LM, Kuhn & De Mori 1990): score(w) = (1 - weight) P(w | h) + weight c(w) / C,
+    c(w) the times w was typed before the word at the cursor, C all words typed there. A typed word outside the
+    vocabulary (a project's own identifier) is scored by the cache alone. Ties: the alphabet."""
+
+    def __init__(self, model: NgramKeyboard, weight: float = CACHE_WEIGHT):
+        self.model, self.weight = model, weight
+
+    def suggest(self, text: str, n: int = 3) -> list[str]:
+        context, typed = self.model.context_ids(text)
+        seen = Counter(WORD.findall(text[: len(text) - len(typed)]))  # the words typed before this one
+        lo, hi = self.model.word_range(typed)
+        p = (1 - self.weight) * self.model.distribution(context)[lo:hi]  # [hi - lo]
+        top = np.argpartition(-p, n)[:n] if hi - lo > n else np.arange(hi - lo)
+        scores = {self.model.words[lo + i]: float(p[i]) for i in top}  # the cache adds to these, or to its own
+        total = sum(seen.values())
+        for word, count in seen.items():
+            if word.startswith(typed):
+                i = self.model.index.get(word, hi)
+                scores[word] = (float(p[i - lo]) if lo <= i < hi else 0.0) + self.weight * count / total
+        return sorted(scores, key=lambda w: (-scores[w], w))[:n]
+
+    def __call__(self, text: str) -> list[str]:
+        return self.suggest(text)

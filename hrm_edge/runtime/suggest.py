@@ -15,6 +15,7 @@ graph; EagerStepModel(model, n_cycles=1)), fed the first `slots` of the cache (d
 """
 from __future__ import annotations
 
+import re
 import time
 import unicodedata
 from dataclasses import dataclass, field
@@ -25,13 +26,16 @@ import numpy as np
 from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxStepModel
 from hrm_edge.runtime.healing import byte_decoder
 
-CANDIDATES = 4  # first tokens tried: 4, 6 and 8 gave the same top-3 accuracy on held-out code (2026-12-01)
+CANDIDATES = 4  # first tokens tried: 3, 4 and 6 within 0.6 points of top-3 on the calib split (2026-12-05)
 MAX_EXTRA_TOKENS = 4  # greedy decode steps after the first token: a word must be seen to end within them
 CONTEXT_TOKENS = 128  # the most context a suggestion reads: as accurate as 256 on held-out code, at half the cost
 MAX_SPELLING_TOKENS = 3  # tokens after the first that may finish spelling the taken-back text (bounds a keystroke)
 BRANCHES = 2  # where a chain's word has not started, it forks into this many chains (docs/keyboard.md step 6)
 RECENT_CONTEXTS = 4  # earlier contexts whose logits and chains are kept, for a keystroke that goes back to one
 HEAL_CHARS = 2  # token healing takes back tokens until it holds this many characters of the partial word
+TYPED_SHARE = 0.1  # the words already typed: their share of a chip's score (step 11), chosen on the calib split
+TYPED_LINES = 200  # the words already typed are read from the text's last this many lines (bounds a keystroke)
+WORD_RUN = re.compile(r"\w+")  # a word: Python's \w on str is is_word_char's class (checked on every code point)
 BYTE_OF = byte_decoder()  # a byte-level BPE piece's character -> its byte (token healing)
 KEEP_BACK_CHARS = 64  # KeptStartEncoder keeps the ids of a start of the text at least this far before its end
 SPACES = " \t\n\r\f\v"
@@ -200,6 +204,39 @@ def trailing_word(text: str) -> str:
     return text[i:]
 
 
+def typed_words(text: str) -> dict[str, tuple[int, str]]:
+    """{word: (times it occurs, the character after its last occurrence)} in the text after its TYPED_LINES-th last
+    line break (all of it if it has fewer), in order of first occurrence. `text` ends before the word being typed."""
+    start = len(text)
+    for _ in range(TYPED_LINES):
+        start = text.rfind("\n", 0, start) if start > 0 else -1
+        if start < 0:
+            break
+    seen: dict[str, tuple[int, str]] = {}
+    for m in WORD_RUN.finditer(text, start + 1):
+        seen[m.group()] = (seen.get(m.group(), (0, ""))[0] + 1, text[m.end():m.end() + 1])
+    return seen
+
+
+def with_typed_words(words: list[Word], text: str, partial: str, n: int) -> list[Word]:
+    """Step 11: the model's words (its n best) and the words already typed that go on from the partial word, each
+    scored (1 - TYPED_SHARE) p + TYPED_SHARE c / C (p: the model's probability, 0 for a word it did not show; c: the
+    word's occurrences among the C words typed); the n best, ties in that order (the model's, then by first
+    occurrence). A chip inserts what the larger of its two parts inserts: the model's word, or the rest of the typed
+    word (its ending: what followed it)."""
+    seen = typed_words(text[: len(text) - len(partial)])
+    total = sum(count for count, _ in seen.values())
+    out = {w.label: Word(w.label, w.insert, (1 - TYPED_SHARE) * w.probability, w.ending) for w in words}
+    for word, (count, after) in seen.items():
+        if len(word) > len(partial) and word.startswith(partial):
+            share = TYPED_SHARE * count / total
+            known = out.setdefault(word, Word(word, "", 0.0))
+            if share > known.probability:  # a tap inserts what the larger part of the score inserts (as in step 9)
+                known.insert, known.ending = word[len(partial):], after
+            known.probability += share
+    return sorted(out.values(), key=lambda w: -w.probability)[:n]  # stable
+
+
 def read_word(continuation: str, mid_word: bool):
     """What a continuation of the typed text says: None while the word may go on (open), "" when no word can
     come out of it (dead), else (insert, word, ending)."""
@@ -268,8 +305,9 @@ def first_tokens(logits: np.ndarray, texts: list[str], prefix: str, count: int =
                  pool: np.ndarray | None = None, mid_word: bool | None = None) -> list[int]:
     """The `count` highest-logit tokens whose text starts with `prefix`; in the slots left, the highest-logit
     tokens whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower
-    id. mid_word (True/False): skip the covering tokens from which no word can come (read_word is dead: `" ="` where a
-    word should start). pool: the ascending ids to look at (all if None), a speed-up only."""
+    id. At a word start (mid_word False) both kinds rank together by logit. mid_word (True/False): skip the covering
+    tokens from which no word can come (read_word is dead: `" ="` where a word should start). pool: the ascending ids
+    to look at (all if None), a speed-up only."""
     covering, shorter = [], []
     order = np.argsort(-logits, kind="stable") if pool is None else pool[np.argsort(-logits[pool], kind="stable")]
     for t in order:
@@ -282,6 +320,8 @@ def first_tokens(logits: np.ndarray, texts: list[str], prefix: str, count: int =
                 break
         elif text and len(shorter) < count and prefix.startswith(text):
             shorter.append(int(t))
+    if mid_word is False:  # a word start: "\n       " " self" spells "\n        self" (docs/keyboard.md step 5)
+        return sorted(covering + shorter, key=lambda t: (-logits[t], t))[:count]
     return (covering + shorter)[:count]
 
 
@@ -494,7 +534,7 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
 
     extend(context, fresh, still_open, next_tokens, settled)
     words = sorted(merge(chains, decide_tokens, partial), key=lambda w: -w.probability)[:n]  # stable: ties keep order
-    return Suggestions(words, (time.perf_counter() - start) * 1000)
+    return Suggestions(with_typed_words(words, text, partial, n), (time.perf_counter() - start) * 1000)
 
 
 def read_typed_word(context: TypedContext, tokenizer, text: str, following: str):

@@ -15,15 +15,18 @@
 import { argmax } from "./generate.mjs";
 import { row } from "./model.mjs";
 
-export const CANDIDATES = 4; // first tokens tried (4, 6 and 8: the same top-3 accuracy on held-out code)
+export const CANDIDATES = 4; // first tokens tried (3, 4 and 6: within 0.6 points of top-3 on the calib split)
 export const MAX_EXTRA_TOKENS = 4; // greedy decode steps after the first token
 export const CONTEXT_TOKENS = 128; // the most context a suggestion reads (as accurate as 256, half the cost)
 export const MAX_SPELLING_TOKENS = 3; // tokens after the first that may finish spelling the taken-back text
 export const BRANCHES = 2; // where a chain's word has not started, it forks into this many chains
 export const RECENT_CONTEXTS = 4; // earlier contexts whose logits and chains are kept, for a return to one
 export const HEAL_CHARS = 2; // token healing takes back tokens until it holds this many characters of the word
+export const TYPED_SHARE = 0.1; // the words already typed: their share of a chip's score (step 11; calib split)
+export const TYPED_LINES = 200; // the words already typed are read from the text's last this many lines
 const SPACES = " \t\n\r\f\v";
 const WORD_CHAR = /^[\p{L}\p{N}_]/u;
+const WORD_RUN = /[\p{L}\p{N}_]+/gu;
 
 // Keeps the KV cache of the text typed so far, so a keystroke costs one or two tokens, not a prefill, and
 // the greedy chains computed from it (typing on inside a word often asks for the same ones again).
@@ -194,7 +197,8 @@ function rank(best, t, logits, count) {
 }
 
 // The `count` highest-logit tokens whose text starts with `prefix`; in the slots left, the highest-logit tokens
-// whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id.
+// whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id. At a
+// word start (midWord false) both kinds rank together by logit ("\n       " " self" spells "\n        self").
 // midWord (true/false): skip the covering tokens from which no word can come (readWord is dead: " =" where a word
 // should start).
 function firstTokens(logits, texts, prefix, count = CANDIDATES, midWord = null) {
@@ -207,6 +211,7 @@ function firstTokens(logits, texts, prefix, count = CANDIDATES, midWord = null) 
       if (midWord === null || readWord(text.slice(prefix.length), midWord) !== "") rank(covering, t, logits, count);
     } else if (prefix.startsWith(text)) rank(shorter, t, logits, count);
   }
+  if (midWord === false) return covering.concat(shorter).sort((a, b) => logits[b] - logits[a] || a - b).slice(0, count);
   return covering.concat(shorter).slice(0, count);
 }
 
@@ -431,5 +436,44 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   await extend(context, fresh, stillOpen, nextTokens, settled);
   // Array.prototype.sort is stable: ties keep candidate order
   const words = merge(chains, decideTokens, partial).sort((a, b) => b.probability - a.probability).slice(0, n);
-  return { words, ms: performance.now() - t0 };
+  return { words: withTypedWords(words, text, partial, n), ms: performance.now() - t0 };
+}
+
+// Step 11: the model's words (its n best) and the words already typed that go on from the partial word, each scored
+// (1 - TYPED_SHARE) p + TYPED_SHARE c / C (p: the model's probability, 0 for a word it did not show; c: the word's
+// occurrences among the C words typed); the n best, ties in that order (the model's, then by first occurrence). A
+// chip inserts what the larger of its two parts inserts: the model's word, or the rest of the typed word (its ending:
+// what followed it).
+export function withTypedWords(words, text, partial, n) {
+  const seen = typedWords(text.slice(0, text.length - partial.length));
+  let total = 0;
+  for (const [count] of seen.values()) total += count;
+  const out = new Map(words.map((w) => [w.label, { ...w, probability: (1 - TYPED_SHARE) * w.probability }]));
+  for (const [word, [count, after]] of seen) {
+    if (word.length <= partial.length || !word.startsWith(partial)) continue;
+    const share = TYPED_SHARE * count / total;
+    if (!out.has(word)) out.set(word, { label: word, insert: "", probability: 0, ending: "" });
+    const known = out.get(word);
+    if (share > known.probability) Object.assign(known, { insert: word.slice(partial.length), ending: after });
+    known.probability += share; // a tap inserts what the larger part of the score inserts (as in step 9)
+  }
+  return [...out.values()].sort((a, b) => b.probability - a.probability).slice(0, n); // stable
+}
+
+// Map word -> [times it occurs, the character after its last occurrence] in the text after its TYPED_LINES-th last
+// line break (all of it if it has fewer), in order of first occurrence; text ends before the word being typed.
+export function typedWords(text) {
+  let start = text.length;
+  for (let k = 0; k < TYPED_LINES; k++) {
+    start = start > 0 ? text.lastIndexOf("\n", start - 1) : -1;
+    if (start < 0) break;
+  }
+  const seen = new Map();
+  WORD_RUN.lastIndex = start + 1;
+  for (let m; (m = WORD_RUN.exec(text)) !== null;) {
+    const end = m.index + m[0].length;
+    const after = end < text.length ? String.fromCodePoint(text.codePointAt(end)) : "";
+    seen.set(m[0], [(seen.get(m[0])?.[0] ?? 0) + 1, after]);
+  }
+  return seen;
 }

@@ -93,6 +93,10 @@ public final class WordSuggester {
     static final int RECENT_CONTEXTS = 4;
     /** Token healing takes back tokens until it holds this many characters of the partial word. */
     static final int HEAL_CHARS = 2;
+    /** The words already typed: their share of a chip's score (step 11), chosen on the calib split. */
+    static final double TYPED_SHARE = 0.1;
+    /** The words already typed are read from the text's last this many lines (bounds a keystroke's cost). */
+    static final int TYPED_LINES = 200;
     private static final String SPACES = " \t\n\r\f\013"; // \013: vertical tab
 
     private final StepModel model, extender; // extender: the draft model, or the model itself
@@ -211,7 +215,69 @@ public final class WordSuggester {
         extendAll(fresh, list, prefix, partial, n);
         List<Suggestion> out = merge(list, prefix, partial);
         out.sort((a, b) -> Double.compare(b.probability, a.probability)); // stable: ties keep candidate order
-        return new ArrayList<>(out.subList(0, Math.min(n, out.size())));
+        return withTypedWords(out.subList(0, Math.min(n, out.size())), text, partial, n);
+    }
+
+    /** Step 11: the model's words (its n best) and the words already typed that go on from the partial word, each
+     *  scored (1 - TYPED_SHARE) p + TYPED_SHARE c / C (p: the model's probability, 0 for a word it did not show; c:
+     *  the word's occurrences among the C words typed); the n best, ties in that order (the model's, then by first
+     *  occurrence). A chip inserts what the larger of its two parts inserts: the model's word, or the rest of the
+     *  typed word (its ending: what followed it). */
+    static List<Suggestion> withTypedWords(List<Suggestion> words, String text, String partial, int n) {
+        Map<String, Typed> seen = typedWords(text.substring(0, text.length() - partial.length()));
+        int total = 0;
+        for (Typed e : seen.values()) total += e.count;
+        Map<String, Suggestion> out = new LinkedHashMap<>();
+        for (Suggestion w : words) {
+            out.put(w.label, new Suggestion(w.label, w.insert, (1 - TYPED_SHARE) * w.probability, w.ending));
+        }
+        for (Map.Entry<String, Typed> e : seen.entrySet()) {
+            String word = e.getKey();
+            if (word.length() <= partial.length() || !word.startsWith(partial)) continue;
+            double share = TYPED_SHARE * e.getValue().count / total;
+            Suggestion known = out.get(word);
+            if (known == null || share > known.probability) { // a tap inserts what the larger part inserts (step 9)
+                known = new Suggestion(word, word.substring(partial.length()), known == null ? 0 : known.probability,
+                                       e.getValue().after);
+                out.put(word, known); // a key already there keeps its place
+            }
+            known.probability += share;
+        }
+        List<Suggestion> ranked = new ArrayList<>(out.values());
+        ranked.sort((a, b) -> Double.compare(b.probability, a.probability)); // stable
+        return new ArrayList<>(ranked.subList(0, Math.min(n, ranked.size())));
+    }
+
+    /** A word already typed: the times it occurs, the character after its last occurrence. */
+    static final class Typed {
+        int count;
+        String after;
+    }
+
+    /** The words in the text after its TYPED_LINES-th last line break (all of it if it has fewer), in order of first
+     *  occurrence; text ends before the word being typed. */
+    static Map<String, Typed> typedWords(String text) {
+        int start = text.length();
+        for (int k = 0; k < TYPED_LINES; k++) {
+            start = start > 0 ? text.lastIndexOf('\n', start - 1) : -1;
+            if (start < 0) break;
+        }
+        Map<String, Typed> seen = new LinkedHashMap<>();
+        int i = start + 1;
+        while (i < text.length()) {
+            int cp = text.codePointAt(i);
+            if (!isWordChar(cp)) {
+                i += Character.charCount(cp);
+                continue;
+            }
+            int j = i;
+            while (j < text.length() && isWordChar(text.codePointAt(j))) j += Character.charCount(text.codePointAt(j));
+            Typed entry = seen.computeIfAbsent(text.substring(i, j), w -> new Typed());
+            entry.count++;
+            entry.after = j < text.length() ? new String(Character.toChars(text.codePointAt(j))) : "";
+            i = j;
+        }
+        return seen;
     }
 
     /** Forget the program's cache rows (another caller of the same program overwrote them): the next suggestion
@@ -570,6 +636,8 @@ public final class WordSuggester {
 
     /** The count highest-logit tokens whose text starts with prefix; in the slots left, the highest-logit tokens
      *  whose text is a (non-empty) proper prefix of it (the following tokens then spell the rest); ties: lower id.
+     *  At a word start (midWord false) both kinds rank together by logit ("\n       " " self" spells
+     *  "\n        self").
      *  midWord (non-null): skip the covering tokens from which no word can come (readWord is DEAD: " =" where a word
      *  should start). */
     private static List<Integer> firstTokens(float[] logits, String[] texts, String prefix, int count,
@@ -584,6 +652,9 @@ public final class WordSuggester {
             } else if (prefix.startsWith(texts[t])) rank(shorter, t, logits, count);
         }
         covering.addAll(shorter);
+        if (Boolean.FALSE.equals(midWord)) {  // higher logit first; ties: the lower id
+            covering.sort((a, b) -> logits[a] > logits[b] ? -1 : logits[a] < logits[b] ? 1 : Integer.compare(a, b));
+        }
         return covering.subList(0, Math.min(count, covering.size()));
     }
 

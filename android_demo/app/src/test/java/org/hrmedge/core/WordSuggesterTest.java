@@ -48,13 +48,17 @@ public class WordSuggesterTest {
         List<WordSuggester.Suggestion> words = new WordSuggester(model, TestTokenizer.load()).suggest("c ", 3);
         // the text's trailing " " is taken back: chains " a" "(", " b" "b" "(", " " "c" " a" follow "c"; the word of
         // " " has not started, so it forks: " " " " "c" " a" (the best token after " " that may start a word, then
-        // the next, " ") is the same chip "c", its probability added
-        assertEquals(List.of("a|a|(", "bb|bb|(", "c|c| a"), labels(words));
-        double z = Math.exp(2) + Math.exp(1) + Math.exp(0) + 6 * Math.exp(-20);
-        assertEquals(Math.exp(2) / z, words.get(0).probability, 1e-12); // the ending "(" does not count
-        assertEquals(Math.exp(1) / z * pNext(), words.get(1).probability, 1e-12); // " b", "b"
+        // the next, " ") is the same chip "c", its probability added. The word typed before, "c" (all the words
+        // typed), adds TYPED_SHARE to it (step 11), more than the model's part: the chip inserts it as typed, its
+        // ending the " " after it
+        assertEquals(List.of("a|a|(", "bb|bb|(", "c|c| "), labels(words));
+        double z = Math.exp(2) + Math.exp(1) + Math.exp(0) + 6 * Math.exp(-20), keep = 1 - WordSuggester.TYPED_SHARE;
+        assertEquals(keep * Math.exp(2) / z, words.get(0).probability, 1e-12); // the ending "(" does not count
+        assertEquals(keep * Math.exp(1) / z * pNext(), words.get(1).probability, 1e-12); // " b", "b"
         double pSpace = Math.exp(-20) / (Math.exp(5) + 8 * Math.exp(-20)); // " " after " "
-        assertEquals(Math.exp(0) / z * pNext() * (1 + pSpace), words.get(2).probability, 1e-15); // " ", ("  "), "c"
+        double fromModel = Math.exp(0) / z * pNext() * (1 + pSpace); // " ", ("  "), "c"
+        assertTrue(keep * fromModel < WordSuggester.TYPED_SHARE);
+        assertEquals(keep * fromModel + WordSuggester.TYPED_SHARE, words.get(2).probability, 1e-15);
         assertEquals("0:1", model.calls.get(0)); // the context "c" at position 0
         assertTrue(model.calls.subList(1, model.calls.size()).stream().allMatch(c -> c.matches("[123]:1")));
     }
@@ -92,7 +96,8 @@ public class WordSuggesterTest {
         };
         // candidates " ", " a", " b" (ties: lower id first), each extended by MAX_EXTRA_TOKENS "a" and still open;
         // " " forks at its first step (" " "a" and " " " "), and its fork runs right after it, from position 2
-        assertEquals(List.of(), new WordSuggester(onlyA, TestTokenizer.load()).suggest("c ", 3));
+        // no word of the model's: the one chip is the word typed before (step 11)
+        assertEquals(List.of("c|c| "), labels(new WordSuggester(onlyA, TestTokenizer.load()).suggest("c ", 3)));
         assertEquals(List.of(0, 1, 2, 3, 4, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4), starts);
     }
 
