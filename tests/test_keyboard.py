@@ -31,7 +31,8 @@ SESSIONS = [("import o", "s.pa"), ("import os\ndef ", "get_na"), ("class Foo(", 
             ("from .", "astutils import valid_sym"), ("x = 1\nfr", "obnicate_xq"),  # partial words of 2+ tokens
             ("a " * 35, "expected"),  # a window near FIXTURE_MAX_SEQ_LEN whose longest chains must still fit
             ("s = '", "añ 𝑥y 中文 naï"),  # characters of several byte tokens; one outside the BMP
-            ("zq_1 = 1\n" + "x\n" * 199, "zq")]  # zq_1 is one line before the typed words' window (step 11)
+            ("zq_1 = 1\n" + "x\n" * 199, "zq"),  # zq_1 is one line before the typed words' window (step 11)
+            ("qq qq qq qq qq qq qq qq\nqq", "(qq) =")]  # a typed word after a symbol takes a model chip's spaces
 
 
 def mix(x):
@@ -268,7 +269,12 @@ def test_the_words_already_typed_join_the_models():
     assert [(w.label, w.insert) for w in with_typed_words([], "self.a = 1\nse", "se", 3)] == [("self", "lf")]
     assert with_typed_words([], "self.a = 1\nself", "self", 3) == []
     cut = with_typed_words([Word("if", "    if", 0.01, " ")], "if x:\n    ", "", 3)  # the typed "if" is larger
-    assert [(w.label, w.insert, w.ending) for w in cut][:1] == [("if", "if", " ")]
+    assert [(w.label, w.insert, w.ending) for w in cut][:1] == [("if", "if", " ")]  # after spaces: the word alone
+    # after a symbol, a typed word takes the spaces of the model's chip of that word, else of its first chip
+    after = with_typed_words([Word("None", "\tNone", 0.01, "\n"), Word("y", " y", 0.001, "\n")], "y = z\nx =", "", 3)
+    assert [(w.label, w.insert) for w in after] == [("y", " y"), ("z", "\tz"), ("x", "\tx")]  # 0.034, 0.033, 0.033
+    nothing = with_typed_words([], "y = z\nx(", "", 3)
+    assert [(w.label, w.insert) for w in nothing] == [("y", "y"), ("z", "z"), ("x", "x")]
 
 
 def test_shipped_checkpoint_suggests_self_at_the_lines_indentation(tokenizer):

@@ -12,7 +12,7 @@ from hrm_edge.errors import UserError
 from hrm_edge.measure import keyboard as K
 from hrm_edge.measure.evaluate import main as evaluate_main
 from hrm_edge.measure.ngram import (WORD, CachedKeyboard, NgramKeyboard, build_levels, count_ngrams, encode, fit,
-                                    make_vocab, tokens)
+                                    make_vocab, tokens, top_words)
 from hrm_edge.train.dataset import CORPUS_FORMAT, RECORD, listing_sha256
 from test_demo import fake_export
 
@@ -71,7 +71,12 @@ def test_kneser_ney_bigram_matches_hand_computation():
             assert p[ids[w]] == pytest.approx(want, abs=1e-6), (h, w)
     assert expected["b"]["a"] == pytest.approx(0.48125)
     assert m.suggest("a b ") == ["a", "c", "b"]  # after b: a 0.481, c 0.331, b 0.131
-    assert m.suggest("a b a b b") == ["b"]  # mid-word: the words starting with the typed part
+    # mid-word: the words that go on from the typed part, never the typed part itself (it is not the word being
+    # typed, or the bar would have been read after it); until 2026-12-05 "b" after "b" took a slot
+    assert m.suggest("a b a b b") == [] and m.suggest("a b a b ") == ["a", "c", "b"]
+    m2 = model_of(["ab abc abd abc x ab abd abc"], 2)
+    assert m2.suggest("x ab") == ["abc", "abd"]  # after x: ab (not offered), then abc, abd by probability
+    assert list(top_words(np.array([0.1, 0.3, 0.3, 0.2, 0.3]), 2)) == [1, 2]  # ties at the n-th: the lower index
 
 
 @pytest.mark.parametrize("order,min_count", [(2, 1), (3, 1), (4, 1), (3, 2), (4, 2)])

@@ -17,7 +17,7 @@ raw count is under a threshold; gamma(h) = 1 - sum of h's kept discounted terms,
 distribution still sums to 1 (the dropped mass goes to the lower order).
 
 Suggestions: the 3 identifier words of highest P(w | last order-1 tokens); mid-word, the vocabulary's words
-that start with the typed part, ranked the same way.
+that go on from the typed part (start with it and are longer), ranked the same way.
 """
 from __future__ import annotations
 
@@ -219,16 +219,15 @@ class NgramKeyboard:
         if hi <= lo:
             return []
         p = self.distribution(context)[lo:hi]
-        top = np.argpartition(-p, n)[:n] if hi - lo > n else np.arange(hi - lo)
-        top = top[np.lexsort((top, -p[top]))]  # most probable first, ties by the alphabet
-        return [self.words[lo + i] for i in top]
+        return [self.words[lo + i] for i in top_words(p, n)]
 
     def __call__(self, text: str) -> list[str]:
         return self.suggest(text)
 
     def word_range(self, typed: str) -> tuple[int, int]:
-        """[lo, hi): the ids of the vocabulary's words that start with `typed` (all words for "")."""
-        lo = bisect.bisect_left(self.words, typed)
+        """[lo, hi): the ids of the vocabulary's words that go on from `typed` (start with it and are longer: the
+        typed part itself is never the word being typed; all words for "")."""
+        lo = bisect.bisect_right(self.words, typed)
         return lo, bisect.bisect_left(self.words, typed + "\U0010ffff") if typed else self.n_words
 
     def to_bytes(self) -> bytes:
@@ -261,6 +260,13 @@ class NgramKeyboard:
             return cls(meta["vocab"], z["unigram"], levels, meta["info"])
 
 
+def top_words(p: np.ndarray, n: int) -> np.ndarray:
+    """The indices of the n largest values of p, largest first, ties by index (the alphabet, for a word range): every
+    value tied with the n-th largest is looked at."""
+    idx = np.flatnonzero(p >= np.partition(p, len(p) - n)[len(p) - n]) if len(p) > n else np.arange(len(p))
+    return idx[np.lexsort((idx, -p[idx]))][:n]
+
+
 def fit(counts: list[OrderCounts], vocab: list[str], order: int, max_bytes: int,
         info: dict | None = None) -> tuple[NgramKeyboard, int]:
     """(the order-`order` model with the lowest count threshold (for orders >= 2) whose file fits in max_bytes,
@@ -280,8 +286,9 @@ def fit(counts: list[OrderCounts], vocab: list[str], order: int, max_bytes: int,
 class CachedKeyboard:
     """The n-gram keyboard with a cache of the words already typed in the text, as phone keyboards learn the words
     their user types (a unigram cache LM, Kuhn & De Mori 1990): score(w) = (1 - weight) P(w | h) + weight c(w) / C,
-    c(w) the times w was typed before the word at the cursor, C all words typed there. A typed word outside the
-    vocabulary (a project's own identifier) is scored by the cache alone. Ties: the alphabet."""
+    c(w) the times w was typed before the word at the cursor, C all words typed there; mid-word, the words that go on
+    from the typed part. A typed word outside the vocabulary (a project's own identifier) is scored by the cache
+    alone. Ties: the alphabet."""
 
     def __init__(self, model: NgramKeyboard, weight: float = CACHE_WEIGHT):
         self.model, self.weight = model, weight
@@ -291,11 +298,10 @@ class CachedKeyboard:
         seen = Counter(WORD.findall(text[: len(text) - len(typed)]))  # the words typed before this one
         lo, hi = self.model.word_range(typed)
         p = (1 - self.weight) * self.model.distribution(context)[lo:hi]  # [hi - lo]
-        top = np.argpartition(-p, n)[:n] if hi - lo > n else np.arange(hi - lo)
-        scores = {self.model.words[lo + i]: float(p[i]) for i in top}  # the cache adds to these, or to its own
+        scores = {self.model.words[lo + i]: float(p[i]) for i in top_words(p, n)}  # the cache adds to these, or its own
         total = sum(seen.values())
         for word, count in seen.items():
-            if word.startswith(typed):
+            if len(word) > len(typed) and word.startswith(typed):
                 i = self.model.index.get(word, hi)
                 scores[word] = (float(p[i - lo]) if lo <= i < hi else 0.0) + self.weight * count / total
         return sorted(scores, key=lambda w: (-scores[w], w))[:n]

@@ -222,8 +222,8 @@ def with_typed_words(words: list[Word], text: str, partial: str, n: int) -> list
     """Step 11: the model's words (its n best) and the words already typed that go on from the partial word, each
     scored (1 - TYPED_SHARE) p + TYPED_SHARE c / C (p: the model's probability, 0 for a word it did not show; c: the
     word's occurrences among the C words typed); the n best, ties in that order (the model's, then by first
-    occurrence). A chip inserts what the larger of its two parts inserts: the model's word, or the rest of the typed
-    word (its ending: what followed it)."""
+    occurrence). A chip inserts what the larger of its two parts inserts: the model's word, or the typed word
+    (typed_insert; its ending: what followed it)."""
     seen = typed_words(text[: len(text) - len(partial)])
     total = sum(count for count, _ in seen.values())
     out = {w.label: Word(w.label, w.insert, (1 - TYPED_SHARE) * w.probability, w.ending) for w in words}
@@ -232,9 +232,18 @@ def with_typed_words(words: list[Word], text: str, partial: str, n: int) -> list
             share = TYPED_SHARE * count / total
             known = out.setdefault(word, Word(word, "", 0.0))
             if share > known.probability:  # a tap inserts what the larger part of the score inserts (as in step 9)
-                known.insert, known.ending = word[len(partial):], after
+                known.insert, known.ending = typed_insert(word, partial, text, words), after
             known.probability += share
     return sorted(out.values(), key=lambda w: -w.probability)[:n]  # stable
+
+
+def typed_insert(word: str, partial: str, text: str, model_words: list[Word]) -> str:
+    """What a tap on a typed word inserts: the rest of it; at a word start after a symbol (`x =`, `):`) first the
+    spaces the model's chip of that word, else its first chip, puts before its word (` y`, `\n    return`)."""
+    if partial or not text or text[-1] in SPACES:
+        return word[len(partial):]
+    same = next((w for w in model_words if w.label == word), model_words[0] if model_words else None)
+    return (same.insert[: len(same.insert) - len(same.label)] if same else "") + word
 
 
 def read_word(continuation: str, mid_word: bool):

@@ -442,7 +442,7 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
 // Step 11: the model's words (its n best) and the words already typed that go on from the partial word, each scored
 // (1 - TYPED_SHARE) p + TYPED_SHARE c / C (p: the model's probability, 0 for a word it did not show; c: the word's
 // occurrences among the C words typed); the n best, ties in that order (the model's, then by first occurrence). A
-// chip inserts what the larger of its two parts inserts: the model's word, or the rest of the typed word (its ending:
+// chip inserts what the larger of its two parts inserts: the model's word, or the typed word (typedInsert; its ending:
 // what followed it).
 export function withTypedWords(words, text, partial, n) {
   const seen = typedWords(text.slice(0, text.length - partial.length));
@@ -454,10 +454,20 @@ export function withTypedWords(words, text, partial, n) {
     const share = TYPED_SHARE * count / total;
     if (!out.has(word)) out.set(word, { label: word, insert: "", probability: 0, ending: "" });
     const known = out.get(word);
-    if (share > known.probability) Object.assign(known, { insert: word.slice(partial.length), ending: after });
-    known.probability += share; // a tap inserts what the larger part of the score inserts (as in step 9)
+    if (share > known.probability) { // a tap inserts what the larger part of the score inserts (as in step 9)
+      Object.assign(known, { insert: typedInsert(word, partial, text, words), ending: after });
+    }
+    known.probability += share;
   }
   return [...out.values()].sort((a, b) => b.probability - a.probability).slice(0, n); // stable
+}
+
+// What a tap on a typed word inserts: the rest of it; at a word start after a symbol ("x =", "):") first the spaces
+// the model's chip of that word, else its first chip, puts before its word (" y", "\n    return").
+function typedInsert(word, partial, text, modelWords) {
+  if (partial !== "" || text === "" || SPACES.includes(text[text.length - 1])) return word.slice(partial.length);
+  const same = modelWords.find((w) => w.label === word) ?? modelWords[0];
+  return (same ? same.insert.slice(0, same.insert.length - same.label.length) : "") + word;
 }
 
 // Map word -> [times it occurs, the character after its last occurrence] in the text after its TYPED_LINES-th last

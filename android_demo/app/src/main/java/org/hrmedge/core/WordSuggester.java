@@ -221,8 +221,8 @@ public final class WordSuggester {
     /** Step 11: the model's words (its n best) and the words already typed that go on from the partial word, each
      *  scored (1 - TYPED_SHARE) p + TYPED_SHARE c / C (p: the model's probability, 0 for a word it did not show; c:
      *  the word's occurrences among the C words typed); the n best, ties in that order (the model's, then by first
-     *  occurrence). A chip inserts what the larger of its two parts inserts: the model's word, or the rest of the
-     *  typed word (its ending: what followed it). */
+     *  occurrence). A chip inserts what the larger of its two parts inserts: the model's word, or the typed word
+     *  (typedInsert; its ending: what followed it). */
     static List<Suggestion> withTypedWords(List<Suggestion> words, String text, String partial, int n) {
         Map<String, Typed> seen = typedWords(text.substring(0, text.length() - partial.length()));
         int total = 0;
@@ -237,8 +237,8 @@ public final class WordSuggester {
             double share = TYPED_SHARE * e.getValue().count / total;
             Suggestion known = out.get(word);
             if (known == null || share > known.probability) { // a tap inserts what the larger part inserts (step 9)
-                known = new Suggestion(word, word.substring(partial.length()), known == null ? 0 : known.probability,
-                                       e.getValue().after);
+                known = new Suggestion(word, typedInsert(word, partial, text, words),
+                                       known == null ? 0 : known.probability, e.getValue().after);
                 out.put(word, known); // a key already there keeps its place
             }
             known.probability += share;
@@ -246,6 +246,22 @@ public final class WordSuggester {
         List<Suggestion> ranked = new ArrayList<>(out.values());
         ranked.sort((a, b) -> Double.compare(b.probability, a.probability)); // stable
         return new ArrayList<>(ranked.subList(0, Math.min(n, ranked.size())));
+    }
+
+    /** What a tap on a typed word inserts: the rest of it; at a word start after a symbol ("x =", "):") first the
+     *  spaces the model's chip of that word, else its first chip, puts before its word (" y", "\n    return"). */
+    static String typedInsert(String word, String partial, String text, List<Suggestion> modelWords) {
+        if (!partial.isEmpty() || text.isEmpty() || SPACES.indexOf(text.charAt(text.length() - 1)) >= 0) {
+            return word.substring(partial.length());
+        }
+        Suggestion same = modelWords.isEmpty() ? null : modelWords.get(0);
+        for (Suggestion w : modelWords) {
+            if (w.label.equals(word)) {
+                same = w;
+                break;
+            }
+        }
+        return (same == null ? "" : same.insert.substring(0, same.insert.length() - same.label.length())) + word;
     }
 
     /** A word already typed: the times it occurs, the character after its last occurrence. */
