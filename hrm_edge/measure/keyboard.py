@@ -11,6 +11,7 @@ scored; runs of other characters and whitespace are typed, not predicted.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import time
@@ -286,7 +287,7 @@ def tapped_words(typed: str, chips: list) -> list[str]:
     return [typed + w.insert for w in chips]
 
 
-def run_keyboard(a, checkpoints: dict[str, Path], projects: list, graph: Path | None = None) -> int:
+def run_keyboard(a: argparse.Namespace, checkpoints: dict[str, Path], projects: list, graph: Path | None = None) -> int:
     """`python -m hrm_edge.evaluate CKPT --keyboard` (its flags `a`): the table, printed and written to
     a.out/keyboard.{json,md}. graph: run the (one) checkpoint's keyboard through this exported KV graph instead of the
     eager model. The projects come from the corpus split a.keyboard_split (val: held out; calib: a dev set)."""
