@@ -230,8 +230,10 @@ def test_keyboard_user_errors(tmp_path, monkeypatch):
     ckpt = scripted_checkpoint(tmp_path / "ckpt")
     with pytest.raises(UserError, match="--keyboard-chars must be >= 1"):
         evaluate_main([ckpt, "--keyboard", "--keyboard-chars", "0"])
-    with pytest.raises(UserError, match="--ngram-cache-weight in"):
+    with pytest.raises(UserError, match=r"--ngram-cache-weight must be in \[0, 1\], not 1.5"):
         evaluate_main([ckpt, "--keyboard", "--ngram-cache-weight", "1.5"])
+    with pytest.raises(UserError, match="--ngram-cache-weight must be in"):
+        evaluate_main([ckpt, "--keyboard", "--ngram-cache-weight", "nan"])
     write_built_corpus(tmp_path / "corpus", {("train", "only"): {"m.py": "x = 1\n"}, ("val", "h"): {"a.py": "y\n"}})
     keyboard_graph = [ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard", "--keyboard-graph"]
     (tmp_path / "bare.kv.onnx").write_bytes(b"\x08\x07")  # not in an export folder: its sha256 is not known

@@ -257,8 +257,10 @@ def check_keyboard_graph(graph: Path, checkpoint: Path) -> None:
 
 def keyboard(a: argparse.Namespace, names: list[str]) -> int:
     """--keyboard: the suggestion bar on held-out projects against the n-gram keyboard (hrm_edge.measure.keyboard)."""
-    if a.keyboard_chars < 1 or not 0 <= a.ngram_cache_weight <= 1:
-        raise UserError("--keyboard-chars must be >= 1, --ngram-cache-weight in [0, 1]")
+    if a.keyboard_chars < 1:
+        raise UserError("--keyboard-chars must be >= 1")
+    if not 0 <= a.ngram_cache_weight <= 1:
+        raise UserError(f"--ngram-cache-weight must be in [0, 1], not {a.ngram_cache_weight:g}")
     if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()
                              or not a.keyboard_graph.name.endswith((".kv.onnx", ".kv.ort"))):
         raise UserError("--keyboard-graph takes one checkpoint and an existing KV graph (*.kv.onnx or *.kv.ort)")
