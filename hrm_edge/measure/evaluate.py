@@ -154,7 +154,8 @@ def refuse_unread(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             refuse_flags(flags_given(p, a, unread), (f"does not apply with {flag}", f"do not apply with {flag}"))
 
 
-def main(argv=None) -> int:
+def parser() -> ArgumentParser:
+    """The command's flags: the bits-per-byte evaluation's, then each "instead:" mode's."""
     p = ArgumentParser(prog="python -m hrm_edge.evaluate", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoints", type=path_arg, nargs="+", help="checkpoint folders (config.json, model.safetensors, "
@@ -200,6 +201,11 @@ def main(argv=None) -> int:
     mode.add_argument("--repetition", metavar="PENALTIES",
                    help="instead: how often continuations of held-out code repeat themselves at these repetition "
                         "penalties, e.g. 1,1.1,1.2 (hrm_edge.measure.repetition)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     a = p.parse_args(argv)
     refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--keyboard-split", "--ngram", "--ngram-cache-weight",
                          "--keyboard-graph", "--keyboard-page-form"), "--keyboard")
