@@ -316,7 +316,7 @@ COMMANDS = {
               "--no-weight-cache --json --verbose"),
     "evaluate": ("hrm_edge.measure.evaluate", "--corpus --max-bytes --seq-len --samples --threads --out --depth-curve "
                  "--keyboard --keyboard-chars --keyboard-sample --keyboard-split --ngram --ngram-cache-weight "
-                 "--keyboard-graph --keyboard-page-form --repetition"),
+                 "--ngram-follow-weight --keyboard-graph --keyboard-page-form --repetition"),
     "study": ("hrm_edge.measure.study", "--budget --out --only --resume --corpus --threads --decode-threads "
               "--decode-ablations --train-only --no-progress --verbose"),
     "sysdeps": ("hrm_edge.verify.sysdeps", "--check"),

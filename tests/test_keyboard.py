@@ -15,8 +15,9 @@ from test_android_core import classes, java, typed_code  # noqa: F401  (classes:
 from test_demo import DemoServer
 from hrm_edge.runtime.suggest import (BRANCHES, CANDIDATES, MAX_EXTRA_TOKENS, TYPED_LINES, TYPED_SHARE, TypedContext,
                                       Word, context_window, decide, first_decision, first_tokens, healed, healed_start,
-                                      is_word_char, keyboard_metrics, read_typed_word, read_word, suggest_words,
-                                      trailing_word, typed_words, with_typed_words)
+                                      FOLLOW_SHARE, is_word_char, keyboard_metrics, link, prefix_probability,
+                                      read_typed_word, read_word, softmax64, suggest_words, trailing_word,
+                                      typed_followers, typed_words, with_typed_words)
 from hrm_edge.train.tokenizer import load_tokenizer
 
 TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
@@ -275,6 +276,45 @@ def test_the_words_already_typed_join_the_models():
     assert [(w.label, w.insert) for w in after] == [("y", " y"), ("z", "\tz"), ("x", "\tx")]  # 0.034, 0.033, 0.033
     nothing = with_typed_words([], "y = z\nx(", "", 3)
     assert [(w.label, w.insert) for w in nothing] == [("y", "y"), ("z", "z"), ("x", "x")]
+    # the words typed right after the word and link before the cursor (self and "."), their share FOLLOW_SHARE
+    assert link(" \t=  \n    ") == " =\n" and link("):\r\n\t") == "):\n"
+    text = "self.a = 1\nself.b = 2\nself.a\nx = self."  # self 4, a 2, 1 1, b 1, 2 1, x 1 (C = 10)
+    assert typed_followers(text) == {"a": 2, "b": 1}  # after "self" "." (A = 3)
+    assert typed_followers("old.q\n" + "x\n" * 199 + "old.") == {}  # the window's first word follows ""
+    words = with_typed_words([Word("y", "y", 0.5, " ")], text, "", 3)
+    assert [w.label for w in words] == ["y", "a", "b"]
+    assert words[0].probability == (1 - TYPED_SHARE - FOLLOW_SHARE) * 0.5
+    assert words[1].probability == TYPED_SHARE * 2 / 10 + FOLLOW_SHARE * 2 / 3
+
+
+def test_at_a_word_start_the_models_words_are_given_the_typed_text(tokenizer, allowed, monkeypatch):
+    """Step 11: at a word start the model's probabilities are divided by Z, the probability that the next token fits
+    the taken-back text (its non-empty text starts with it or is a proper prefix of it); mid-word they are kept."""
+    import hrm_edge.runtime.suggest as suggest
+
+    texts, p = ["", " a", " ", "a", " ab", "x", " b"], np.array([0.1, 0.2, 0.3, 0.1, 0.1, 0.1, 0.1])
+    assert prefix_probability(p, texts, " a") == 0.2 + 0.3 + 0.1 and prefix_probability(p, texts, "") == 1
+    assert prefix_probability(p, texts, " a", [1, 2]) == 0.2 + 0.3  # only the ids given (those of its first character)
+    monkeypatch.setattr(suggest, "with_typed_words", lambda words, *args: words)  # the model's words alone
+
+    def words(text, z=None):
+        if z is not None:
+            monkeypatch.setattr(suggest, "prefix_probability", lambda *args: z)
+        context = TypedContext(HashStepModel(allowed, tokenizer.get_vocab_size()))
+        return context, suggest_words(context, tokenizer, text).words
+
+    for text in ("import os\ndef ", "x = 1\nfr"):
+        context, given = words(text)
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        partial, cut, prefix = healed(tokenizer, text, ids)
+        row = softmax64(context.update(ids[:cut]))
+        vocab = context.token_texts(tokenizer, len(row))
+        z = sum(row[t] for t, s in enumerate(vocab) if s and (s.startswith(prefix) or prefix.startswith(s)))
+        joint = words(text, 1.0)[1]
+        assert len(given) == 3 and [w.label for w in given] == [w.label for w in joint], text
+        for w, j in zip(given, joint):  # the word start divided by z (< 1); mid-word unchanged
+            assert w.probability == pytest.approx(j.probability / (1 if partial else z), rel=1e-12), text
+        assert partial or z < 0.9, z
 
 
 def test_shipped_checkpoint_suggests_self_at_the_lines_indentation(tokenizer):

@@ -38,7 +38,8 @@ def test_words_and_tokens_follow_the_page():
 
 
 def test_the_cache_adds_the_words_typed_before():
-    """CachedKeyboard: score(w) = (1 - weight) P(w | h) + weight c(w) / C over the words typed before the cursor's; a
+    """CachedKeyboard: score(w) = (1 - weight - f) P(w | h) + weight c(w) / C + f a(w) / A over the words typed before
+    the cursor's (a: those right after the cursor's word and link; f = 0 where there are none); a
     typed word outside the vocabulary (zz_new) is scored by the cache alone. After b (bigram, hand computation below):
     a 0.48125, c 0.33125, b 0.13125."""
     m = model_of(["a b a b c"], 2)
@@ -50,6 +51,10 @@ def test_the_cache_adds_the_words_typed_before():
     assert cached.suggest(text + "z") == ["zz_new"]  # mid-word: the cached words that start with the typed part
     # weight 0.2: a 0.385, c 0.265, b 0.105 + 0.067 = 0.172, zz_new 0.133
     assert CachedKeyboard(m, 0.2).suggest(text) == ["a", "c", "b"]
+    # the words typed right after the same word and link ("b", " "): c once (A = 1). follow_weight 0.5 with weight
+    # 0.2: a 0.3 * 0.48125 = 0.144, c 0.099 + 0.2 / 3 + 0.5 = 0.666, b 0.039 + 0.2 * 2 / 3 = 0.173; without: a c b
+    assert CachedKeyboard(m, 0.2, 0.5).suggest("b c b ") == ["c", "b", "a"]
+    assert CachedKeyboard(m, 0.2, 0.0).suggest("b c b ") == ["a", "c", "b"]
 
 
 def test_kneser_ney_bigram_matches_hand_computation():
@@ -234,6 +239,10 @@ def test_keyboard_user_errors(tmp_path, monkeypatch):
         evaluate_main([ckpt, "--keyboard", "--ngram-cache-weight", "1.5"])
     with pytest.raises(UserError, match="--ngram-cache-weight must be in"):
         evaluate_main([ckpt, "--keyboard", "--ngram-cache-weight", "nan"])
+    with pytest.raises(UserError, match=r"--ngram-follow-weight must be in \[0, 1\], not -0.1"):
+        evaluate_main([ckpt, "--keyboard", "--ngram-follow-weight", "-0.1"])
+    with pytest.raises(UserError, match=r"add up to more than 1 \(0.8 \+ 0.25\)"):
+        evaluate_main([ckpt, "--keyboard", "--ngram-cache-weight", "0.8"])
     write_built_corpus(tmp_path / "corpus", {("train", "only"): {"m.py": "x = 1\n"}, ("val", "h"): {"a.py": "y\n"}})
     keyboard_graph = [ckpt, "--corpus", str(tmp_path / "corpus"), "--keyboard", "--keyboard-graph"]
     (tmp_path / "bare.kv.onnx").write_bytes(b"\x08\x07")  # not in an export folder: its sha256 is not known

@@ -29,7 +29,7 @@ from hrm_edge.errors import ArgumentParser, UserError, run_cli
 from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, flags_given, path_arg,
                          refuse_flags, refuse_unused, sha256_file, text_arg)
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
-from hrm_edge.measure.ngram import CACHE_WEIGHT
+from hrm_edge.measure.ngram import CACHE_WEIGHT, FOLLOW_WEIGHT
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
 from hrm_edge.runtime.manifest import MANIFEST, read_manifest, verify_files
 from hrm_edge.runtime.suggest import graphs_beside
@@ -191,6 +191,9 @@ def parser() -> ArgumentParser:
     p.add_argument("--ngram-cache-weight", type=float, default=CACHE_WEIGHT, help="--keyboard: the share of the "
                    f"n-gram keyboard's cache of the words already typed, in its row '+ cache' (default {CACHE_WEIGHT}, "
                    "chosen on the calib split)")
+    p.add_argument("--ngram-follow-weight", type=float, default=FOLLOW_WEIGHT, help="--keyboard: the share in that "
+                   "row of the words typed right after the same word and link as the cursor's (default "
+                   f"{FOLLOW_WEIGHT}, chosen on the calib split; the two shares add up to at most 1)")
     p.add_argument("--keyboard-graph", type=path_arg, help="--keyboard: suggest through this exported KV graph (e.g. "
                    "the page's EXPORT/hrm.int8-nbits.kv.onnx) instead of the eager checkpoint (one checkpoint); the "
                    "words are extended by the .branch.onnx graph beside it (else the .draft.onnx) when there is one, "
@@ -208,7 +211,7 @@ def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
     refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--keyboard-split", "--ngram", "--ngram-cache-weight",
-                         "--keyboard-graph", "--keyboard-page-form"), "--keyboard")
+                         "--ngram-follow-weight", "--keyboard-graph", "--keyboard-page-form"), "--keyboard")
     refuse_unread(p, a)
     if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
         raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
@@ -267,6 +270,11 @@ def keyboard(a: argparse.Namespace, names: list[str]) -> int:
         raise UserError("--keyboard-chars must be >= 1")
     if not 0 <= a.ngram_cache_weight <= 1:
         raise UserError(f"--ngram-cache-weight must be in [0, 1], not {a.ngram_cache_weight:g}")
+    if not 0 <= a.ngram_follow_weight <= 1:
+        raise UserError(f"--ngram-follow-weight must be in [0, 1], not {a.ngram_follow_weight:g}")
+    if a.ngram_cache_weight + a.ngram_follow_weight > 1:
+        raise UserError(f"--ngram-cache-weight and --ngram-follow-weight add up to more than 1 "
+                        f"({a.ngram_cache_weight:g} + {a.ngram_follow_weight:g})")
     if a.keyboard_graph and (len(a.checkpoints) != 1 or not a.keyboard_graph.is_file()
                              or not a.keyboard_graph.name.endswith((".kv.onnx", ".kv.ort"))):
         raise UserError("--keyboard-graph takes one checkpoint and an existing KV graph (*.kv.onnx or *.kv.ort)")

@@ -297,13 +297,13 @@ def run_keyboard(a: argparse.Namespace, checkpoints: dict[str, Path], projects: 
         for name, path in checkpoints.items()}
     model, size = load_or_train(a.ngram or (out / NGRAM_FILE if out else None), a.corpus)
     suggesters[f"ngram-{model.order}"] = model
-    suggesters[f"ngram-{model.order} + cache"] = CachedKeyboard(model, a.ngram_cache_weight)
+    suggesters[f"ngram-{model.order} + cache"] = CachedKeyboard(model, a.ngram_cache_weight, a.ngram_follow_weight)
     rows = keyboard_rows(evaluate_keyboards(suggesters, projects))
     cpu = cpu_info(threads)
     ngram_line = (f"n-gram keyboard: interpolated Kneser-Ney, order {model.order} (chosen on dev projects), "
                   f"{len(model.vocab):,} tokens, n-grams of count >= {model.info.get('min_count')}, "
                   f"{model.ngrams:,} n-grams, {size:,} bytes on disk; + cache: the words typed before, weight "
-                  f"{a.ngram_cache_weight:g}")
+                  f"{a.ngram_cache_weight:g}, and after the same word and link, {a.ngram_follow_weight:g}")
     where = "held-out projects" if a.keyboard_split == "val" else f"the {a.keyboard_split} split's projects"
     table = (f"Keyboard on {where} ({sum(len(t) for p in projects for t in p.texts):,} characters; "
              f"identifier words; 3 suggestions):\n{describe_cpu(cpu)}\n{ngram_line}\n\n" + render_keyboard(rows))
@@ -311,7 +311,8 @@ def run_keyboard(a: argparse.Namespace, checkpoints: dict[str, Path], projects: 
     if out:
         record = {"corpus": a.corpus, "split": a.keyboard_split, "cpu": cpu,
                   "ngram": {"path": str(a.ngram or out / NGRAM_FILE), "bytes": size, "order": model.order,
-                            "vocab": len(model.vocab), "ngrams": model.ngrams, "cache_weight": a.ngram_cache_weight}
+                            "vocab": len(model.vocab), "ngrams": model.ngrams, "cache_weight": a.ngram_cache_weight,
+                            "follow_weight": a.ngram_follow_weight}
                   | model.info, "rows": rows}
         atomic_write_text(out / "keyboard.json", json.dumps(record, indent=2) + "\n")
         atomic_write_text(out / "keyboard.md", table)

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm_edge.io import atomic_write_bytes
+from hrm_edge.runtime.suggest import typed_followers
 
 TOKEN = re.compile(r"\w+|[^\w\s]+|[^\S\n]*\n\s*")
 WORD = re.compile(r"\w+")  # an identifier word: the page's [\p{L}\p{N}_]+
@@ -40,6 +41,7 @@ WORD_BITS = 21  # a key packs (context index << WORD_BITS) | token id
 TAIL_CHARS = 400  # text before the cursor that a suggestion reads (enough for order - 1 tokens)
 FORMAT = "hrm-edge-ngram-keyboard/1"
 CACHE_WEIGHT = 0.3  # the cache's share in CachedKeyboard, chosen on the calibration split (docs/keyboard-evaluation.md)
+FOLLOW_WEIGHT = 0.25  # its share of the words typed after the same word and link (the same split)
 MIN_COUNTS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64, 96, 128, 192, 256)  # pruning thresholds tried
 
 
@@ -285,25 +287,30 @@ def fit(counts: list[OrderCounts], vocab: list[str], order: int, max_bytes: int,
 
 class CachedKeyboard:
     """The n-gram keyboard with a cache of the words already typed in the text, as phone keyboards learn the words
-    their user types (a unigram cache LM, Kuhn & De Mori 1990): score(w) = (1 - weight) P(w | h) + weight c(w) / C,
-    c(w) the times w was typed before the word at the cursor, C all words typed there; mid-word, the words that go on
-    from the typed part. A typed word outside the vocabulary (a project's own identifier) is scored by the cache
-    alone. Ties: the alphabet."""
+    their user types (a cache LM, Kuhn & De Mori 1990): score(w) = (1 - weight - f) P(w | h) + weight c(w) / C +
+    f a(w) / A, c(w) the times w was typed before the word at the cursor, C all words typed there, a(w) the times it
+    was typed right after the word and link before the cursor (the model's typed_followers: the last 200 lines), A
+    their total, f = follow_weight (0 if A is 0); mid-word, the words that go on from the typed part. A typed word
+    outside the vocabulary (a project's own identifier) is scored by the cache alone. Ties: the alphabet."""
 
-    def __init__(self, model: NgramKeyboard, weight: float = CACHE_WEIGHT):
-        self.model, self.weight = model, weight
+    def __init__(self, model: NgramKeyboard, weight: float = CACHE_WEIGHT, follow_weight: float = FOLLOW_WEIGHT):
+        self.model, self.weight, self.follow_weight = model, weight, follow_weight
 
     def suggest(self, text: str, n: int = 3) -> list[str]:
         context, typed = self.model.context_ids(text)
-        seen = Counter(WORD.findall(text[: len(text) - len(typed)]))  # the words typed before this one
+        before = text[: len(text) - len(typed)]
+        seen, follows = Counter(WORD.findall(before)), typed_followers(before)  # the words typed before this one
+        after_total = sum(follows.values())
+        follow = self.follow_weight if after_total else 0.0
         lo, hi = self.model.word_range(typed)
-        p = (1 - self.weight) * self.model.distribution(context)[lo:hi]  # [hi - lo]
+        p = (1 - self.weight - follow) * self.model.distribution(context)[lo:hi]  # [hi - lo]
         scores = {self.model.words[lo + i]: float(p[i]) for i in top_words(p, n)}  # the cache adds to these, or its own
         total = sum(seen.values())
         for word, count in seen.items():
             if len(word) > len(typed) and word.startswith(typed):
                 i = self.model.index.get(word, hi)
-                scores[word] = (float(p[i - lo]) if lo <= i < hi else 0.0) + self.weight * count / total
+                scores[word] = ((float(p[i - lo]) if lo <= i < hi else 0.0) + self.weight * count / total
+                                + follow * follows.get(word, 0) / (after_total or 1))
         return sorted(scores, key=lambda w: (-scores[w], w))[:n]
 
     def __call__(self, text: str) -> list[str]:

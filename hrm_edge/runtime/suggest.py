@@ -35,6 +35,8 @@ RECENT_CONTEXTS = 4  # earlier contexts whose logits and chains are kept, for a 
 HEAL_CHARS = 2  # token healing takes back tokens until it holds this many characters of the partial word
 TYPED_SHARE = 0.1  # the words already typed: their share of a chip's score (step 11), chosen on the calib split
 TYPED_LINES = 200  # the words already typed are read from the text's last this many lines (bounds a keystroke)
+FOLLOW_SHARE = 0.25  # the typed words that followed the same word and link as the cursor's: their share (step 11)
+SPACE_RUN = re.compile(r"[ \t\n\r\f\v]+")
 WORD_RUN = re.compile(r"\w+")  # a word: Python's \w on str is is_word_char's class (checked on every code point)
 BYTE_OF = byte_decoder()  # a byte-level BPE piece's character -> its byte (token healing)
 KEEP_BACK_CHARS = 64  # KeptStartEncoder keeps the ids of a start of the text at least this far before its end
@@ -204,32 +206,61 @@ def trailing_word(text: str) -> str:
     return text[i:]
 
 
-def typed_words(text: str) -> dict[str, tuple[int, str]]:
-    """{word: (times it occurs, the character after its last occurrence)} in the text after its TYPED_LINES-th last
-    line break (all of it if it has fewer), in order of first occurrence. `text` ends before the word being typed."""
+def typed_window(text: str) -> int:
+    """Where the words already typed are read from: after the text's TYPED_LINES-th last line break (0 if fewer)."""
     start = len(text)
     for _ in range(TYPED_LINES):
         start = text.rfind("\n", 0, start) if start > 0 else -1
         if start < 0:
             break
+    return start + 1
+
+
+def typed_words(text: str) -> dict[str, tuple[int, str]]:
+    """{word: (times it occurs, the character after its last occurrence)} in the text's window (typed_window), in
+    order of first occurrence. `text` ends before the word being typed."""
     seen: dict[str, tuple[int, str]] = {}
-    for m in WORD_RUN.finditer(text, start + 1):
+    for m in WORD_RUN.finditer(text, typed_window(text)):
         seen[m.group()] = (seen.get(m.group(), (0, ""))[0] + 1, text[m.end():m.end() + 1])
+    return seen
+
+
+def link(between: str) -> str:
+    """The symbols between two words, each run of spaces as one " " (one "\n" if it holds a line break)."""
+    return SPACE_RUN.sub(lambda m: "\n" if "\n" in m.group() else " ", between)
+
+
+def typed_followers(text: str) -> dict[str, int]:
+    """{word: times it was typed right after the word and link that end `text`} in the text's window (its first
+    word: after "" and the link from the window's start): after `self.` the attributes typed after `self.` before."""
+    start = end = typed_window(text)
+    before, pairs = "", []
+    for m in WORD_RUN.finditer(text, start):
+        pairs.append((before, link(text[end:m.start()]), m.group()))
+        before, end = m.group(), m.end()
+    now, seen = (before, link(text[end:])), {}
+    for word_before, between, word in pairs:
+        if (word_before, between) == now:
+            seen[word] = seen.get(word, 0) + 1
     return seen
 
 
 def with_typed_words(words: list[Word], text: str, partial: str, n: int) -> list[Word]:
     """Step 11: the model's words (its n best) and the words already typed that go on from the partial word, each
-    scored (1 - TYPED_SHARE) p + TYPED_SHARE c / C (p: the model's probability, 0 for a word it did not show; c: the
-    word's occurrences among the C words typed); the n best, ties in that order (the model's, then by first
+    scored (1 - TYPED_SHARE - f) p + TYPED_SHARE c / C + f a / A (p: the model's probability, 0 for a word it did not
+    show; c: the word's occurrences among the C words typed; a: those right after the word and link before the
+    cursor, among A; f: FOLLOW_SHARE, 0 if A is 0); the n best, ties in that order (the model's, then by first
     occurrence). A chip inserts what the larger of its two parts inserts: the model's word, or the typed word
     (typed_insert; its ending: what followed it)."""
-    seen = typed_words(text[: len(text) - len(partial)])
-    total = sum(count for count, _ in seen.values())
-    out = {w.label: Word(w.label, w.insert, (1 - TYPED_SHARE) * w.probability, w.ending) for w in words}
+    before = text[: len(text) - len(partial)]
+    seen, follows = typed_words(before), typed_followers(before)
+    total, after_total = sum(count for count, _ in seen.values()), sum(follows.values())
+    follow_share = FOLLOW_SHARE if after_total else 0.0
+    keep = 1 - TYPED_SHARE - follow_share
+    out = {w.label: Word(w.label, w.insert, keep * w.probability, w.ending) for w in words}
     for word, (count, after) in seen.items():
         if len(word) > len(partial) and word.startswith(partial):
-            share = TYPED_SHARE * count / total
+            share = TYPED_SHARE * count / total + (follow_share * follows[word] / after_total if word in follows else 0)
             known = out.setdefault(word, Word(word, "", 0.0))
             if share > known.probability:  # a tap inserts what the larger part of the score inserts (as in step 9)
                 known.insert, known.ending = typed_insert(word, partial, text, words), after
@@ -308,6 +339,18 @@ def healed(tokenizer, text: str, ids: list[int]) -> tuple[str, int, str]:
     partial = trailing_word(text)
     cut = healed_start(tokenizer, ids, partial) if len(ids) > 1 else len(ids)
     return partial, cut, tokenizer.decode(ids[cut:])
+
+
+def prefix_probability(p: np.ndarray, texts: list[str], prefix: str, ids=None) -> float:
+    """Step 11's Z: the probability that the next token fits the taken-back text (its non-empty text starts with
+    `prefix` or is a proper prefix of it), summed in id order over `ids` (all if None); 1 with no taken-back text."""
+    if not prefix:
+        return 1.0
+    z = 0.0
+    for t in range(len(texts)) if ids is None else ids:
+        if texts[t] and (texts[t].startswith(prefix) or prefix.startswith(texts[t])):
+            z += float(p[t])  # one by one, in id order, as the page and Java add them
+    return z
 
 
 def first_tokens(logits: np.ndarray, texts: list[str], prefix: str, count: int = CANDIDATES,
@@ -543,6 +586,9 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
 
     extend(context, fresh, still_open, next_tokens, settled)
     words = sorted(merge(chains, decide_tokens, partial), key=lambda w: -w.probability)[:n]  # stable: ties keep order
+    if not partial and words:  # at a word start: the model's chance of each word given the typed text (step 11)
+        z = prefix_probability(p, texts, prefix, context.tokens_starting(prefix))
+        words = [Word(w.label, w.insert, w.probability / z, w.ending) for w in words]
     return Suggestions(with_typed_words(words, text, partial, n), (time.perf_counter() - start) * 1000)
 
 

@@ -24,6 +24,7 @@ export const RECENT_CONTEXTS = 4; // earlier contexts whose logits and chains ar
 export const HEAL_CHARS = 2; // token healing takes back tokens until it holds this many characters of the word
 export const TYPED_SHARE = 0.1; // the words already typed: their share of a chip's score (step 11; calib split)
 export const TYPED_LINES = 200; // the words already typed are read from the text's last this many lines
+export const FOLLOW_SHARE = 0.25; // the typed words that followed the same word and link as the cursor's (step 11)
 const SPACES = " \t\n\r\f\v";
 const WORD_CHAR = /^[\p{L}\p{N}_]/u;
 const WORD_RUN = /[\p{L}\p{N}_]+/gu;
@@ -435,23 +436,44 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
     wordsSettled(merge(chains, decideTokens, partial), openChains.map((c) => reach(c, chainText, prefix, partial)), n);
   await extend(context, fresh, stillOpen, nextTokens, settled);
   // Array.prototype.sort is stable: ties keep candidate order
-  const words = merge(chains, decideTokens, partial).sort((a, b) => b.probability - a.probability).slice(0, n);
+  let words = merge(chains, decideTokens, partial).sort((a, b) => b.probability - a.probability).slice(0, n);
+  if (partial === "" && words.length > 0) { // at a word start: the model's chance of each word given the typed text
+    const z = prefixProbability(probability, texts, prefix);
+    words = words.map((w) => ({ ...w, probability: w.probability / z }));
+  }
   return { words: withTypedWords(words, text, partial, n), ms: performance.now() - t0 };
 }
 
+// Step 11's Z: the probability that the next token fits the taken-back text (its non-empty text starts with prefix
+// or is a proper prefix of it), summed in id order; 1 with no taken-back text.
+export function prefixProbability(probability, texts, prefix) {
+  if (prefix === "") return 1;
+  let z = 0;
+  for (let t = 0; t < texts.length; t++) {
+    const s = texts[t];
+    if (s !== "" && (s.startsWith(prefix) || prefix.startsWith(s))) z += probability(t);
+  }
+  return z;
+}
+
 // Step 11: the model's words (its n best) and the words already typed that go on from the partial word, each scored
-// (1 - TYPED_SHARE) p + TYPED_SHARE c / C (p: the model's probability, 0 for a word it did not show; c: the word's
-// occurrences among the C words typed); the n best, ties in that order (the model's, then by first occurrence). A
-// chip inserts what the larger of its two parts inserts: the model's word, or the typed word (typedInsert; its ending:
+// (1 - TYPED_SHARE - f) p + TYPED_SHARE c / C + f a / A (p: the model's probability, 0 for a word it did not show; c:
+// the word's occurrences among the C words typed; a: those right after the word and link before the cursor, among A;
+// f: FOLLOW_SHARE, 0 if A is 0); the n best, ties in that order (the model's, then by first occurrence). A chip
+// inserts what the larger of its two parts inserts: the model's word, or the typed word (typedInsert; its ending:
 // what followed it).
 export function withTypedWords(words, text, partial, n) {
-  const seen = typedWords(text.slice(0, text.length - partial.length));
-  let total = 0;
+  const before = text.slice(0, text.length - partial.length);
+  const seen = typedWords(before), follows = typedFollowers(before);
+  let total = 0, afterTotal = 0;
   for (const [count] of seen.values()) total += count;
-  const out = new Map(words.map((w) => [w.label, { ...w, probability: (1 - TYPED_SHARE) * w.probability }]));
+  for (const count of follows.values()) afterTotal += count;
+  const followShare = afterTotal > 0 ? FOLLOW_SHARE : 0;
+  const keep = 1 - TYPED_SHARE - followShare;
+  const out = new Map(words.map((w) => [w.label, { ...w, probability: keep * w.probability }]));
   for (const [word, [count, after]] of seen) {
     if (word.length <= partial.length || !word.startsWith(partial)) continue;
-    const share = TYPED_SHARE * count / total;
+    const share = TYPED_SHARE * count / total + (follows.has(word) ? followShare * follows.get(word) / afterTotal : 0);
     if (!out.has(word)) out.set(word, { label: word, insert: "", probability: 0, ending: "" });
     const known = out.get(word);
     if (share > known.probability) { // a tap inserts what the larger part of the score inserts (as in step 9)
@@ -470,20 +492,48 @@ function typedInsert(word, partial, text, modelWords) {
   return (same ? same.insert.slice(0, same.insert.length - same.label.length) : "") + word;
 }
 
-// Map word -> [times it occurs, the character after its last occurrence] in the text after its TYPED_LINES-th last
-// line break (all of it if it has fewer), in order of first occurrence; text ends before the word being typed.
-export function typedWords(text) {
+// Where the words already typed are read from: after the text's TYPED_LINES-th last line break (0 if fewer).
+function typedWindow(text) {
   let start = text.length;
   for (let k = 0; k < TYPED_LINES; k++) {
     start = start > 0 ? text.lastIndexOf("\n", start - 1) : -1;
     if (start < 0) break;
   }
+  return start + 1;
+}
+
+// Map word -> [times it occurs, the character after its last occurrence] in the text's window (typedWindow), in
+// order of first occurrence; text ends before the word being typed.
+export function typedWords(text) {
   const seen = new Map();
-  WORD_RUN.lastIndex = start + 1;
+  WORD_RUN.lastIndex = typedWindow(text);
   for (let m; (m = WORD_RUN.exec(text)) !== null;) {
     const end = m.index + m[0].length;
     const after = end < text.length ? String.fromCodePoint(text.codePointAt(end)) : "";
     seen.set(m[0], [(seen.get(m[0])?.[0] ?? 0) + 1, after]);
+  }
+  return seen;
+}
+
+// The symbols between two words, each run of spaces as one " " (one "\n" if it holds a line break).
+export function link(between) {
+  return between.replace(/[ \t\n\r\f\v]+/g, (run) => (run.includes("\n") ? "\n" : " "));
+}
+
+// Map word -> times it was typed right after the word and link that end text, in the text's window (its first word:
+// after "" and the link from the window's start): after "self." the attributes typed after "self." before.
+export function typedFollowers(text) {
+  const pairs = [];
+  let before = "", end = typedWindow(text);
+  WORD_RUN.lastIndex = end;
+  for (let m; (m = WORD_RUN.exec(text)) !== null;) {
+    pairs.push([before, link(text.slice(end, m.index)), m[0]]);
+    before = m[0];
+    end = m.index + m[0].length;
+  }
+  const now = link(text.slice(end)), seen = new Map();
+  for (const [wordBefore, between, word] of pairs) {
+    if (wordBefore === before && between === now) seen.set(word, (seen.get(word) ?? 0) + 1);
   }
   return seen;
 }

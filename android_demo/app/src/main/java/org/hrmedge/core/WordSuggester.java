@@ -97,6 +97,8 @@ public final class WordSuggester {
     static final double TYPED_SHARE = 0.1;
     /** The words already typed are read from the text's last this many lines (bounds a keystroke's cost). */
     static final int TYPED_LINES = 200;
+    /** The typed words that followed the same word and link as the cursor's: their share (step 11). */
+    static final double FOLLOW_SHARE = 0.25;
     private static final String SPACES = " \t\n\r\f\013"; // \013: vertical tab
 
     private final StepModel model, extender; // extender: the draft model, or the model itself
@@ -215,7 +217,24 @@ public final class WordSuggester {
         extendAll(fresh, list, prefix, partial, n);
         List<Suggestion> out = merge(list, prefix, partial);
         out.sort((a, b) -> Double.compare(b.probability, a.probability)); // stable: ties keep candidate order
-        return withTypedWords(out.subList(0, Math.min(n, out.size())), text, partial, n);
+        List<Suggestion> best = out.subList(0, Math.min(n, out.size()));
+        if (!midWord && !best.isEmpty()) { // at a word start: the model's chance of each word given the typed text
+            double z = prefixProbability(Sampling.softmax(logits), texts, prefix);
+            for (Suggestion w : best) w.probability /= z;
+        }
+        return withTypedWords(best, text, partial, n);
+    }
+
+    /** Step 11's Z: the probability that the next token fits the taken-back text (its non-empty text starts with
+     *  prefix or is a proper prefix of it), summed in id order; 1 with no taken-back text. */
+    static double prefixProbability(double[] p, String[] texts, String prefix) {
+        if (prefix.isEmpty()) return 1;
+        double z = 0;
+        for (int t = 0; t < texts.length; t++) {
+            String s = texts[t];
+            if (!s.isEmpty() && (s.startsWith(prefix) || prefix.startsWith(s))) z += p[t];
+        }
+        return z;
     }
 
     /** Step 11: the model's words (its n best) and the words already typed that go on from the partial word, each
@@ -224,17 +243,20 @@ public final class WordSuggester {
      *  occurrence). A chip inserts what the larger of its two parts inserts: the model's word, or the typed word
      *  (typedInsert; its ending: what followed it). */
     static List<Suggestion> withTypedWords(List<Suggestion> words, String text, String partial, int n) {
-        Map<String, Typed> seen = typedWords(text.substring(0, text.length() - partial.length()));
-        int total = 0;
+        String before = text.substring(0, text.length() - partial.length());
+        Map<String, Typed> seen = typedWords(before);
+        Map<String, Integer> follows = typedFollowers(before);
+        int total = 0, afterTotal = 0;
         for (Typed e : seen.values()) total += e.count;
+        for (int count : follows.values()) afterTotal += count;
+        double followShare = afterTotal > 0 ? FOLLOW_SHARE : 0, keep = 1 - TYPED_SHARE - followShare;
         Map<String, Suggestion> out = new LinkedHashMap<>();
-        for (Suggestion w : words) {
-            out.put(w.label, new Suggestion(w.label, w.insert, (1 - TYPED_SHARE) * w.probability, w.ending));
-        }
+        for (Suggestion w : words) out.put(w.label, new Suggestion(w.label, w.insert, keep * w.probability, w.ending));
         for (Map.Entry<String, Typed> e : seen.entrySet()) {
             String word = e.getKey();
             if (word.length() <= partial.length() || !word.startsWith(partial)) continue;
-            double share = TYPED_SHARE * e.getValue().count / total;
+            double share = TYPED_SHARE * e.getValue().count / total
+                    + (follows.containsKey(word) ? followShare * follows.get(word) / afterTotal : 0);
             Suggestion known = out.get(word);
             if (known == null || share > known.probability) { // a tap inserts what the larger part inserts (step 9)
                 known = new Suggestion(word, typedInsert(word, partial, text, words),
@@ -270,28 +292,78 @@ public final class WordSuggester {
         String after;
     }
 
-    /** The words in the text after its TYPED_LINES-th last line break (all of it if it has fewer), in order of first
-     *  occurrence; text ends before the word being typed. */
-    static Map<String, Typed> typedWords(String text) {
+    /** Where the words already typed are read from: after the text's TYPED_LINES-th last line break (0 if fewer). */
+    static int typedWindow(String text) {
         int start = text.length();
         for (int k = 0; k < TYPED_LINES; k++) {
             start = start > 0 ? text.lastIndexOf('\n', start - 1) : -1;
             if (start < 0) break;
         }
+        return start + 1;
+    }
+
+    /** The words in the text's window (typedWindow), in order of first occurrence; text ends before the word being
+     *  typed. */
+    static Map<String, Typed> typedWords(String text) {
         Map<String, Typed> seen = new LinkedHashMap<>();
-        int i = start + 1;
+        int i = typedWindow(text);
         while (i < text.length()) {
-            int cp = text.codePointAt(i);
-            if (!isWordChar(cp)) {
-                i += Character.charCount(cp);
+            int j = wordEnd(text, i);
+            if (j == i) {
+                i += Character.charCount(text.codePointAt(i));
                 continue;
             }
-            int j = i;
-            while (j < text.length() && isWordChar(text.codePointAt(j))) j += Character.charCount(text.codePointAt(j));
             Typed entry = seen.computeIfAbsent(text.substring(i, j), w -> new Typed());
             entry.count++;
             entry.after = j < text.length() ? new String(Character.toChars(text.codePointAt(j))) : "";
             i = j;
+        }
+        return seen;
+    }
+
+    /** The end of the run of word characters that starts at i (i itself if there is none). */
+    private static int wordEnd(String text, int i) {
+        while (i < text.length() && isWordChar(text.codePointAt(i))) i += Character.charCount(text.codePointAt(i));
+        return i;
+    }
+
+    /** The symbols between two words, each run of spaces as one " " (one "\n" if it holds a line break). */
+    static String link(String between) {
+        StringBuilder out = new StringBuilder();
+        for (int i = 0; i < between.length();) {
+            int j = i;
+            boolean lineBreak = false;
+            while (j < between.length() && SPACES.indexOf(between.charAt(j)) >= 0) {
+                lineBreak |= between.charAt(j++) == '\n';
+            }
+            if (j > i) out.append(lineBreak ? '\n' : ' ');
+            else out.append(between.charAt(j++));
+            i = j;
+        }
+        return out.toString();
+    }
+
+    /** Word -> times it was typed right after the word and link that end the text, in the text's window (its first
+     *  word: after "" and the link from the window's start): after "self." the attributes typed after "self."
+     *  before. */
+    static Map<String, Integer> typedFollowers(String text) {
+        List<String[]> pairs = new ArrayList<>(); // word before, link, word
+        String before = "";
+        int end = typedWindow(text);
+        for (int i = end; i < text.length();) {
+            int j = wordEnd(text, i);
+            if (j == i) {
+                i += Character.charCount(text.codePointAt(i));
+                continue;
+            }
+            pairs.add(new String[] {before, link(text.substring(end, i)), text.substring(i, j)});
+            before = text.substring(i, j);
+            end = i = j;
+        }
+        String now = link(text.substring(end));
+        Map<String, Integer> seen = new LinkedHashMap<>();
+        for (String[] pair : pairs) {
+            if (pair[0].equals(before) && pair[1].equals(now)) seen.merge(pair[2], 1, Integer::sum);
         }
         return seen;
     }

@@ -53,10 +53,15 @@ public class WordSuggesterTest {
         // ending the " " after it
         assertEquals(List.of("a|a|(", "bb|bb|(", "c|c| "), labels(words));
         double z = Math.exp(2) + Math.exp(1) + Math.exp(0) + 6 * Math.exp(-20), keep = 1 - WordSuggester.TYPED_SHARE;
-        assertEquals(keep * Math.exp(2) / z, words.get(0).probability, 1e-12); // the ending "(" does not count
-        assertEquals(keep * Math.exp(1) / z * pNext(), words.get(1).probability, 1e-12); // " b", "b"
+        // at a word start the model's words are divided by the probability of the tokens that fit the taken-back " "
+        // (" ", " a" and " b"; step 11)
+        double given = (Math.exp(2) + Math.exp(1) + Math.exp(0)) / z;
+        assertEquals(given, WordSuggester.prefixProbability(Sampling.softmax(new FakeModel().forward(new int[] {5}, 0)),
+                new String[] {"", "", " ", "a", "b", "c", " a", " b", "("}, " "), 1e-15);
+        assertEquals(keep * Math.exp(2) / z / given, words.get(0).probability, 1e-12); // the ending "(" does not count
+        assertEquals(keep * Math.exp(1) / z * pNext() / given, words.get(1).probability, 1e-12); // " b", "b"
         double pSpace = Math.exp(-20) / (Math.exp(5) + 8 * Math.exp(-20)); // " " after " "
-        double fromModel = Math.exp(0) / z * pNext() * (1 + pSpace); // " ", ("  "), "c"
+        double fromModel = Math.exp(0) / z * pNext() * (1 + pSpace) / given; // " ", ("  "), "c"
         assertTrue(keep * fromModel < WordSuggester.TYPED_SHARE);
         assertEquals(keep * fromModel + WordSuggester.TYPED_SHARE, words.get(2).probability, 1e-15);
         assertEquals("0:1", model.calls.get(0)); // the context "c" at position 0
