@@ -33,7 +33,9 @@ SESSIONS = [("import o", "s.pa"), ("import os\ndef ", "get_na"), ("class Foo(", 
             ("a " * 35, "expected"),  # a window near FIXTURE_MAX_SEQ_LEN whose longest chains must still fit
             ("s = '", "añ 𝑥y 中文 naï"),  # characters of several byte tokens; one outside the BMP
             ("zq_1 = 1\n" + "x\n" * 199, "zq"),  # zq_1 is one line before the typed words' window (step 11)
-            ("qq qq qq qq qq qq qq qq\nqq", "(qq) =")]  # a typed word after a symbol takes a model chip's spaces
+            ("qq qq qq qq qq qq qq qq\nqq", "(qq) ="),  # a typed word after a symbol takes a model chip's spaces
+            ("a  =  b\na = c\na =\td\na =\n    e\n", "a = "),  # followers: b c d after "a" " = " (a link), not e
+            ("old\n" + "new\n" * 198 + "old\n", "ne")]  # the window starts after "old\n": its first word follows ""
 
 
 def mix(x):
@@ -252,8 +254,9 @@ def test_first_tokens_at_a_word_start_rank_the_shorter_ones_with_the_rest(tokeni
 
 
 def test_the_words_already_typed_join_the_models():
-    """Step 11: score (1 - TYPED_SHARE) p + TYPED_SHARE c / C; a chip inserts what its larger part inserts; the words
-    are read after the TYPED_LINES-th last line break; ties: the model's order, then first occurrence."""
+    """Step 11: score (1 - TYPED_SHARE - f) p + TYPED_SHARE c / C + f a / A; a chip inserts what its larger part
+    inserts; the words are read after the TYPED_LINES-th last line break; ties: the model's order, then first
+    occurrence."""
     assert typed_words("a b\nc a(\n  d_1 = a\n") == {"a": (3, "\n"), "b": (1, "\n"), "c": (1, " "), "d_1": (1, " ")}
     assert TYPED_LINES == 200 and "old" not in typed_words("old\n" + "x\n" * 199)
     assert typed_words("old\n" + "x\n" * 198)["old"] == (1, "\n")
@@ -280,7 +283,9 @@ def test_the_words_already_typed_join_the_models():
     assert link(" \t=  \n    ") == " =\n" and link("):\r\n\t") == "):\n"
     text = "self.a = 1\nself.b = 2\nself.a\nx = self."  # self 4, a 2, 1 1, b 1, 2 1, x 1 (C = 10)
     assert typed_followers(text) == {"a": 2, "b": 1}  # after "self" "." (A = 3)
-    assert typed_followers("old.q\n" + "x\n" * 199 + "old.") == {}  # the window's first word follows ""
+    # the window (after the TYPED_LINES-th last line break): its first word follows "", not the word before it
+    assert typed_followers("old\n" + "new\n" * 198 + "old\n") == {}
+    assert typed_followers("old\n" + "new\n" * 197 + "old\n") == {"new": 1}  # 199 line breaks: all in the window
     words = with_typed_words([Word("y", "y", 0.5, " ")], text, "", 3)
     assert [w.label for w in words] == ["y", "a", "b"]
     assert words[0].probability == (1 - TYPED_SHARE - FOLLOW_SHARE) * 0.5
@@ -297,24 +302,29 @@ def test_at_a_word_start_the_models_words_are_given_the_typed_text(tokenizer, al
     assert prefix_probability(p, texts, " a", [1, 2]) == 0.2 + 0.3  # only the ids given (those of its first character)
     monkeypatch.setattr(suggest, "with_typed_words", lambda words, *args: words)  # the model's words alone
 
-    def words(text, z=None):
-        if z is not None:
-            monkeypatch.setattr(suggest, "prefix_probability", lambda *args: z)
-        context = TypedContext(HashStepModel(allowed, tokenizer.get_vocab_size()))
-        return context, suggest_words(context, tokenizer, text).words
+    def words(text, z=None):  # z: what prefix_probability gives (a function), else the code's own
+        with monkeypatch.context() as patch:
+            if z is not None:
+                patch.setattr(suggest, "prefix_probability", z)
+            context = TypedContext(HashStepModel(allowed, tokenizer.get_vocab_size()))
+            return context, suggest_words(context, tokenizer, text).words
 
-    for text in ("import os\ndef ", "x = 1\nfr"):
-        context, given = words(text)
-        ids = tokenizer.encode(text, add_special_tokens=False).ids
-        partial, cut, prefix = healed(tokenizer, text, ids)
-        row = softmax64(context.update(ids[:cut]))
-        vocab = context.token_texts(tokenizer, len(row))
-        z = sum(row[t] for t, s in enumerate(vocab) if s and (s.startswith(prefix) or prefix.startswith(s)))
-        joint = words(text, 1.0)[1]
-        assert len(given) == 3 and [w.label for w in given] == [w.label for w in joint], text
-        for w, j in zip(given, joint):  # the word start divided by z (< 1); mid-word unchanged
-            assert w.probability == pytest.approx(j.probability / (1 if partial else z), rel=1e-12), text
-        assert partial or z < 0.9, z
+    text = "import os\ndef "
+    context, given = words(text)
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    partial, cut, prefix = healed(tokenizer, text, ids)
+    row = softmax64(context.update(ids[:cut]))
+    vocab = context.token_texts(tokenizer, len(row))
+    z = sum(row[t] for t, s in enumerate(vocab) if s and (s.startswith(prefix) or prefix.startswith(s)))
+    joint = words(text, lambda *args: 1.0)[1]
+    assert partial == "" and z < 0.9 and len(given) == 3 and [w.label for w in given] == [w.label for w in joint]
+    for w, j in zip(given, joint):  # the word start: divided by z
+        assert w.probability == pytest.approx(j.probability / z, rel=1e-12)
+
+    def never(*args):
+        raise AssertionError("mid-word the model's probabilities are kept")
+
+    assert len(words("x = 1\nfr", never)[1]) == 3  # mid-word: no division
 
 
 def test_shipped_checkpoint_suggests_self_at_the_lines_indentation(tokenizer):

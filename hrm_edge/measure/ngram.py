@@ -294,6 +294,8 @@ class CachedKeyboard:
     outside the vocabulary (a project's own identifier) is scored by the cache alone. Ties: the alphabet."""
 
     def __init__(self, model: NgramKeyboard, weight: float = CACHE_WEIGHT, follow_weight: float = FOLLOW_WEIGHT):
+        if not (0 <= weight and 0 <= follow_weight and weight + follow_weight <= 1):
+            raise ValueError(f"cache weights {weight} and {follow_weight}: each >= 0, their sum <= 1")
         self.model, self.weight, self.follow_weight = model, weight, follow_weight
 
     def suggest(self, text: str, n: int = 3) -> list[str]:

@@ -226,7 +226,7 @@ def typed_words(text: str) -> dict[str, tuple[int, str]]:
 
 
 def link(between: str) -> str:
-    """The symbols between two words, each run of spaces as one " " (one "\n" if it holds a line break)."""
+    """The symbols between two words, each run of spaces as one " " (one "\\n" if it holds a line break)."""
     return SPACE_RUN.sub(lambda m: "\n" if "\n" in m.group() else " ", between)
 
 
@@ -251,7 +251,8 @@ def with_typed_words(words: list[Word], text: str, partial: str, n: int) -> list
     show; c: the word's occurrences among the C words typed; a: those right after the word and link before the
     cursor, among A; f: FOLLOW_SHARE, 0 if A is 0); the n best, ties in that order (the model's, then by first
     occurrence). A chip inserts what the larger of its two parts inserts: the model's word, or the typed word
-    (typed_insert; its ending: what followed it)."""
+    (typed_insert; its ending: what followed it). A counts every follower, whether it goes on from the partial word
+    or not."""
     before = text[: len(text) - len(partial)]
     seen, follows = typed_words(before), typed_followers(before)
     total, after_total = sum(count for count, _ in seen.values()), sum(follows.values())
@@ -586,8 +587,8 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
 
     extend(context, fresh, still_open, next_tokens, settled)
     words = sorted(merge(chains, decide_tokens, partial), key=lambda w: -w.probability)[:n]  # stable: ties keep order
-    if not partial and words:  # at a word start: the model's chance of each word given the typed text (step 11)
-        z = prefix_probability(p, texts, prefix, context.tokens_starting(prefix))
+    z = prefix_probability(p, texts, prefix, context.tokens_starting(prefix)) if not partial and words else 1.0
+    if z > 0:  # at a word start: the model's chance of each word given the typed text (step 11)
         words = [Word(w.label, w.insert, w.probability / z, w.ending) for w in words]
     return Suggestions(with_typed_words(words, text, partial, n), (time.perf_counter() - start) * 1000)
 

@@ -437,8 +437,8 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   await extend(context, fresh, stillOpen, nextTokens, settled);
   // Array.prototype.sort is stable: ties keep candidate order
   let words = merge(chains, decideTokens, partial).sort((a, b) => b.probability - a.probability).slice(0, n);
-  if (partial === "" && words.length > 0) { // at a word start: the model's chance of each word given the typed text
-    const z = prefixProbability(probability, texts, prefix);
+  const z = partial === "" && words.length > 0 ? prefixProbability(probability, texts, prefix) : 1;
+  if (z > 0) { // at a word start: the model's chance of each word given the typed text (step 11)
     words = words.map((w) => ({ ...w, probability: w.probability / z }));
   }
   return { words: withTypedWords(words, text, partial, n), ms: performance.now() - t0 };
@@ -461,7 +461,7 @@ export function prefixProbability(probability, texts, prefix) {
 // the word's occurrences among the C words typed; a: those right after the word and link before the cursor, among A;
 // f: FOLLOW_SHARE, 0 if A is 0); the n best, ties in that order (the model's, then by first occurrence). A chip
 // inserts what the larger of its two parts inserts: the model's word, or the typed word (typedInsert; its ending:
-// what followed it).
+// what followed it). A counts every follower, whether it goes on from the partial word or not.
 export function withTypedWords(words, text, partial, n) {
   const before = text.slice(0, text.length - partial.length);
   const seen = typedWords(before), follows = typedFollowers(before);

@@ -218,8 +218,8 @@ public final class WordSuggester {
         List<Suggestion> out = merge(list, prefix, partial);
         out.sort((a, b) -> Double.compare(b.probability, a.probability)); // stable: ties keep candidate order
         List<Suggestion> best = out.subList(0, Math.min(n, out.size()));
-        if (!midWord && !best.isEmpty()) { // at a word start: the model's chance of each word given the typed text
-            double z = prefixProbability(Sampling.softmax(logits), texts, prefix);
+        double z = !midWord && !best.isEmpty() ? prefixProbability(Sampling.softmax(logits), texts, prefix) : 1;
+        if (z > 0) { // at a word start: the model's chance of each word given the typed text (step 11)
             for (Suggestion w : best) w.probability /= z;
         }
         return withTypedWords(best, text, partial, n);
@@ -238,10 +238,11 @@ public final class WordSuggester {
     }
 
     /** Step 11: the model's words (its n best) and the words already typed that go on from the partial word, each
-     *  scored (1 - TYPED_SHARE) p + TYPED_SHARE c / C (p: the model's probability, 0 for a word it did not show; c:
-     *  the word's occurrences among the C words typed); the n best, ties in that order (the model's, then by first
-     *  occurrence). A chip inserts what the larger of its two parts inserts: the model's word, or the typed word
-     *  (typedInsert; its ending: what followed it). */
+     *  scored (1 - TYPED_SHARE - f) p + TYPED_SHARE c / C + f a / A (p: the model's probability, 0 for a word it did
+     *  not show; c: the word's occurrences among the C words typed; a: those right after the word and link before
+     *  the cursor, among A, which counts every follower; f: FOLLOW_SHARE, 0 if A is 0); the n best, ties in that
+     *  order (the model's, then by first occurrence). A chip inserts what the larger of its two parts inserts: the
+     *  model's word, or the typed word (typedInsert; its ending: what followed it). */
     static List<Suggestion> withTypedWords(List<Suggestion> words, String text, String partial, int n) {
         String before = text.substring(0, text.length() - partial.length());
         Map<String, Typed> seen = typedWords(before);
