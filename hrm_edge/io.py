@@ -102,6 +102,15 @@ def flags_given(parser: argparse.ArgumentParser, args: argparse.Namespace, flags
     return [f for f, d in dests.items() if getattr(args, d) != parser.get_default(d)]
 
 
+def refuse_out_of_range(*checks: tuple[str, object, bool, str]) -> None:
+    """The first check (flag, value, in range, its range) that fails: a one-line user error naming that flag and the
+    value given ("--seq-len must be >= 2, not 1"), not a list of every flag's range."""
+    for flag, value, ok, allowed in checks:
+        if not ok:
+            raise UserError(f"{flag} must be {allowed}, not {value:g}" if isinstance(value, float)
+                            else f"{flag} must be {allowed}, not {value}")
+
+
 def refuse_flags(given: list[str], why: tuple[str, str], fix: str = "") -> None:
     """Flags `given` that this run would ignore: a user error instead, `--a, --b WHY: FIX leave them out`, with why's
     singular or plural form (("applies ...", "apply ...")) and "it" for one flag."""

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO, parser_of, run_module
+from hrm_edge.errors import UserError
 
 
 def assert_user_error(proc, *needles):
@@ -117,7 +118,7 @@ def test_thread_counts_seeds_and_output_paths_are_checked_first(tmp_path):
             ("hrm_edge.evaluate", (shipped, "--keyboard", "--ngram", tmp_path / "a_file" / "n.npz"),
              "is a file, not a folder"),
             ("hrm_edge.demo", (tmp_path, "--host", ""), "--host is empty"),
-            ("hrm_edge.bench", (tmp_path, "--seq-len", "0"), "--seq-len >= 1"),  # 0 meant the default
+            ("hrm_edge.bench", (tmp_path, "--seq-len", "0"), "--seq-len must be >= 1, not 0"),  # 0 meant the default
             # the table beside the results would have replaced them (".md" of "r.md" is itself)
             ("hrm_edge.bench", (tmp_path, "--json", tmp_path / "r.md"), "ends in .md"),
             ("hrm_edge.peers", (shipped, "--build-only", "--repeats", "5", "--json", tmp_path / "p.json"),
@@ -373,3 +374,22 @@ def test_a_closed_pipe_ends_quietly():
     proc.stdout.close()
     assert proc.wait(timeout=60) == 141
     assert b"Traceback" not in proc.stderr.read()
+
+
+def test_a_value_out_of_range_is_named_with_its_flag():
+    """Each flag out of its range is refused on its own line with the value given (until 2026-12-05 one line listed
+    every flag's range, `--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0` for a bad --seq-len)."""
+    from hrm_edge.app import complete
+    from hrm_edge.measure import bench, evaluate, peers
+
+    for main, argv, line in [
+            (evaluate.main, ["hrm_edge/default_model", "--seq-len", "1"], "--seq-len must be >= 2, not 1"),
+            (complete.main, ["--seed", "-1", "def f("], "--seed must be >= 0, not -1"),
+            (complete.main, ["--top-p", "1.5", "def f("], "--top-p must be in (0, 1], not 1.5"),
+            (complete.main, ["--temperature", "nan", "def f("],
+             "--temperature must be 0 (greedy) or in [1e-4, 1e4], not nan"),
+            (complete.main, ["--speculative", "--lookup-len", "65", "def f("], "--lookup-len must be in 0..64, not 65"),
+            (bench.main, ["hrm_edge/default_model", "--rounds", "0"], "--rounds must be >= 1, not 0"),
+            (peers.main, ["--out", "x", "--repeats", "0"], "--repeats must be >= 1, not 0")]:
+        with pytest.raises(UserError, match="^" + re.escape(line) + "$"):
+            main(argv)

@@ -160,10 +160,11 @@ def complete_outcome(argv: list, folders) -> tuple[int, str]:
         a = COMPLETE_PARSER.parse_args(argv)
     except SystemExit:
         return 2, "error: argument"
-    if a.max_new_tokens < 1 or not 0 <= a.threads <= complete.MAX_THREADS or a.seed < 0:
-        return 2, "--max-new-tokens must be"
-    if not (a.temperature == 0 or 1e-4 <= a.temperature <= 1e4) or not 0 < a.top_p <= 1 or a.top_k < 0:
-        return 2, "--temperature must be"
+    for flag, ok in (("--max-new-tokens", a.max_new_tokens >= 1), ("--threads", 0 <= a.threads <= complete.MAX_THREADS),
+                     ("--seed", a.seed >= 0), ("--temperature", a.temperature == 0 or 1e-4 <= a.temperature <= 1e4),
+                     ("--top-p", 0 < a.top_p <= 1), ("--top-k", a.top_k >= 0)):
+        if not ok:  # the first flag out of its range, named with its value
+            return 2, f"{flag} must be"
     if not 1 <= a.repetition_penalty <= 10:
         return 2, "--repetition-penalty must be"
     if a.temperature == 0 and (a.top_k, a.top_p, a.seed) != (0, 1.0, 0):

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hrm_edge.io import path_arg, refuse_flags, refuse_unused
+from hrm_edge.io import path_arg, refuse_flags, refuse_out_of_range, refuse_unused
 from hrm_edge.errors import ArgumentParser, UserError, first_line, run_cli
 from hrm_edge.model.checkpoint import load_model
 from hrm_edge.quiet import native_stderr_to, quiet_third_party
@@ -235,11 +235,15 @@ def main(argv=None) -> int:
     quiet_third_party(a.verbose)
     sys.stdout.reconfigure(errors="replace")  # an output that cannot hold a character gets "?", not a traceback
     refuse_unused(p, a, ("--draft-len", "--lookup-len"), "--speculative")
-    if a.max_new_tokens < 1 or not 0 <= a.threads <= MAX_THREADS or a.seed < 0:
-        raise UserError(f"--max-new-tokens must be >= 1, --threads in 0..{MAX_THREADS}, --seed >= 0")
+    refuse_out_of_range(("--max-new-tokens", a.max_new_tokens, a.max_new_tokens >= 1, ">= 1"),
+                        ("--threads", a.threads, 0 <= a.threads <= MAX_THREADS, f"in 0..{MAX_THREADS}"),
+                        ("--seed", a.seed, a.seed >= 0, ">= 0"))
     # (written so that NaN fails too) a positive temperature below 1e-4 overflows the scaled logits: 0 is greedy
-    if not (a.temperature == 0 or 1e-4 <= a.temperature <= 1e4) or not 0 < a.top_p <= 1 or a.top_k < 0:
-        raise UserError("--temperature must be 0 (greedy) or in [1e-4, 1e4], --top-p in (0, 1], --top-k >= 0")
+    refuse_out_of_range(("--temperature", a.temperature, a.temperature == 0 or 1e-4 <= a.temperature <= 1e4,
+                         "0 (greedy) or in [1e-4, 1e4]"), ("--top-p", a.top_p, 0 < a.top_p <= 1, "in (0, 1]"),
+                        ("--top-k", a.top_k, a.top_k >= 0, ">= 0"))
+    refuse_out_of_range(("--draft-len", a.draft_len, 1 <= a.draft_len <= 16, "in 1..16"),
+                        ("--lookup-len", a.lookup_len, 0 <= a.lookup_len <= 64, "in 0..64"))
     if not 1 <= a.repetition_penalty <= 10:
         raise UserError("--repetition-penalty must be in [1, 10] (1 = off)")
     sampling_flags = [flag for flag, value, off in (("--top-k", a.top_k, 0), ("--top-p", a.top_p, 1),
@@ -250,8 +254,6 @@ def main(argv=None) -> int:
     prompt = read_prompt(a.prompt)
     manifest = read_manifest(a.artifacts, needs=("model", "tokenizer"))
     t_verify = time.perf_counter()
-    if not 1 <= a.draft_len <= 16 or not 0 <= a.lookup_len <= 64:
-        raise UserError("--draft-len must be in 1..16, --lookup-len in 0..64")
     if a.adaptive and a.exit_threshold is None:
         a.exit_threshold = DEFAULT_EXIT_THRESHOLD
     if a.exit_threshold is not None and (a.speculative or not a.exit_threshold >= 0):

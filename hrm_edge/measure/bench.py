@@ -34,7 +34,7 @@ import numpy as np
 from hrm_edge.config import ModelConfig
 from hrm_edge.errors import ArgumentParser, UserError
 from hrm_edge.export.names import artifact_name
-from hrm_edge.io import atomic_write_text, check_writable_file, path_arg
+from hrm_edge.io import atomic_write_text, check_writable_file, path_arg, refuse_out_of_range
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
                                       lower_kv_pte, run_child, text_prompts)
 from hrm_edge.quiet import quiet_third_party
@@ -481,9 +481,10 @@ def main(argv=None) -> int:
     p.add_argument("--verbose", action="store_true", help="show the runtimes' and the export stack's own log lines "
                    "and warnings (the benchmark processes' stderr too)")
     a = p.parse_args(argv)
-    seq_len_ok = a.seq_len is None or a.seq_len >= 1  # None: the default
-    if not 1 <= a.threads <= 256 or a.repeats < 1 or a.rounds < 1 or a.lookup_len < 0 or not seq_len_ok:
-        raise UserError("--threads must be in 1..256, --repeats, --rounds and --seq-len >= 1, --lookup-len >= 0")
+    refuse_out_of_range(("--threads", a.threads, 1 <= a.threads <= 256, "in 1..256"),
+                        ("--repeats", a.repeats, a.repeats >= 1, ">= 1"), ("--rounds", a.rounds, a.rounds >= 1, ">= 1"),
+                        ("--seq-len", a.seq_len, a.seq_len is None or a.seq_len >= 1, ">= 1"),  # None: the default
+                        ("--lookup-len", a.lookup_len, a.lookup_len >= 0, ">= 0"))
     if a.json is not None and a.json.suffix == ".md":  # the table would overwrite the results
         raise UserError(f"--json {a.json} ends in .md, the name of the table written beside it; give a .json name")
     quiet_third_party(a.verbose)

@@ -27,7 +27,7 @@ import numpy as np
 from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import ArgumentParser, UserError, run_cli
 from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, flags_given, path_arg,
-                         refuse_flags, refuse_unused, sha256_file, text_arg)
+                         refuse_flags, refuse_out_of_range, refuse_unused, sha256_file, text_arg)
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.measure.ngram import CACHE_WEIGHT, FOLLOW_WEIGHT
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
@@ -213,8 +213,8 @@ def main(argv=None) -> int:
     refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--keyboard-split", "--ngram", "--ngram-cache-weight",
                          "--ngram-follow-weight", "--keyboard-graph", "--keyboard-page-form"), "--keyboard")
     refuse_unread(p, a)
-    if a.max_bytes < 1 or a.seq_len < 2 or a.samples < 0:
-        raise UserError("--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0")
+    refuse_out_of_range(("--max-bytes", a.max_bytes, a.max_bytes >= 1, ">= 1"),
+                        ("--seq-len", a.seq_len, a.seq_len >= 2, ">= 2"), ("--samples", a.samples, a.samples >= 0, ">= 0"))
     check_inputs(a)
     if a.repetition is not None:
         from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module

@@ -36,7 +36,7 @@ import numpy as np
 from hrm_edge.config import ModelConfig, from_dict
 from hrm_edge.errors import ArgumentParser, UserError
 from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, flags_given, path_arg,
-                         refuse_flags)
+                         refuse_flags, refuse_out_of_range)
 from hrm_edge.measure.harness import DecodeTiming, cpu_info, decode_in_child, describe_cpu
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.decoders import Decoder, PteDecoder, ort_session
@@ -357,8 +357,8 @@ def main(argv=None) -> int:
     if a.build_only:  # they shape the timing, which --build-only leaves out
         timing = ("--threads", "--prompt-len", "--new-tokens", "--repeats", "--no-weight-cache", "--json")
         refuse_flags(flags_given(p, a, timing), ("times nothing with --build-only", "time nothing with --build-only"))
-    if not 1 <= a.threads <= 256 or a.repeats < 1:
-        raise UserError("--threads must be in 1..256, --repeats >= 1")
+    refuse_out_of_range(("--threads", a.threads, 1 <= a.threads <= 256, "in 1..256"),
+                        ("--repeats", a.repeats, a.repeats >= 1, ">= 1"))
     if a.json:
         check_writable_file(a.json)  # before minutes of building
     quiet_third_party(a.verbose)
