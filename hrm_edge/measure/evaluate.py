@@ -266,12 +266,9 @@ def check_keyboard_graph(graph: Path, checkpoint: Path) -> None:
 
 def keyboard(a: argparse.Namespace, names: list[str]) -> int:
     """--keyboard: the suggestion bar on held-out projects against the n-gram keyboard (hrm_edge.measure.keyboard)."""
-    if a.keyboard_chars < 1:
-        raise UserError("--keyboard-chars must be >= 1")
-    if not 0 <= a.ngram_cache_weight <= 1:
-        raise UserError(f"--ngram-cache-weight must be in [0, 1], not {a.ngram_cache_weight:g}")
-    if not 0 <= a.ngram_follow_weight <= 1:
-        raise UserError(f"--ngram-follow-weight must be in [0, 1], not {a.ngram_follow_weight:g}")
+    refuse_out_of_range(("--keyboard-chars", a.keyboard_chars, a.keyboard_chars >= 1, ">= 1"),
+                        ("--ngram-cache-weight", a.ngram_cache_weight, 0 <= a.ngram_cache_weight <= 1, "in [0, 1]"),
+                        ("--ngram-follow-weight", a.ngram_follow_weight, 0 <= a.ngram_follow_weight <= 1, "in [0, 1]"))
     if a.ngram_cache_weight + a.ngram_follow_weight > 1:
         raise UserError(f"--ngram-cache-weight and --ngram-follow-weight add up to more than 1 "
                         f"({a.ngram_cache_weight:g} + {a.ngram_follow_weight:g})")

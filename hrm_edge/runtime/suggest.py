@@ -587,9 +587,9 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
 
     extend(context, fresh, still_open, next_tokens, settled)
     words = sorted(merge(chains, decide_tokens, partial), key=lambda w: -w.probability)[:n]  # stable: ties keep order
-    z = prefix_probability(p, texts, prefix, context.tokens_starting(prefix)) if not partial and words else 1.0
-    if z > 0:  # at a word start: the model's chance of each word given the typed text (step 11)
-        words = [Word(w.label, w.insert, w.probability / z, w.ending) for w in words]
+    if not partial and words:  # at a word start: the model's chance of each word given the typed text (step 11)
+        z = prefix_probability(p, texts, prefix, context.tokens_starting(prefix))
+        words = [Word(w.label, w.insert, w.probability / z, w.ending) for w in words] if z > 0 else words
     return Suggestions(with_typed_words(words, text, partial, n), (time.perf_counter() - start) * 1000)
 
 

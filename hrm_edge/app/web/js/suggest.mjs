@@ -437,9 +437,9 @@ export async function suggestWords(context, tokenizer, text, n = 3) {
   await extend(context, fresh, stillOpen, nextTokens, settled);
   // Array.prototype.sort is stable: ties keep candidate order
   let words = merge(chains, decideTokens, partial).sort((a, b) => b.probability - a.probability).slice(0, n);
-  const z = partial === "" && words.length > 0 ? prefixProbability(probability, texts, prefix) : 1;
-  if (z > 0) { // at a word start: the model's chance of each word given the typed text (step 11)
-    words = words.map((w) => ({ ...w, probability: w.probability / z }));
+  if (partial === "" && words.length > 0) { // at a word start: the model's chance of each word given the typed text
+    const z = prefixProbability(probability, texts, prefix);
+    if (z > 0) words = words.map((w) => ({ ...w, probability: w.probability / z }));
   }
   return { words: withTypedWords(words, text, partial, n), ms: performance.now() - t0 };
 }

@@ -218,9 +218,9 @@ public final class WordSuggester {
         List<Suggestion> out = merge(list, prefix, partial);
         out.sort((a, b) -> Double.compare(b.probability, a.probability)); // stable: ties keep candidate order
         List<Suggestion> best = out.subList(0, Math.min(n, out.size()));
-        double z = !midWord && !best.isEmpty() ? prefixProbability(Sampling.softmax(logits), texts, prefix) : 1;
-        if (z > 0) { // at a word start: the model's chance of each word given the typed text (step 11)
-            for (Suggestion w : best) w.probability /= z;
+        if (!midWord && !best.isEmpty()) { // at a word start: the model's chance of each word given the typed text
+            double z = prefixProbability(Sampling.softmax(logits), texts, prefix);
+            if (z > 0) for (Suggestion w : best) w.probability /= z;
         }
         return withTypedWords(best, text, partial, n);
     }
