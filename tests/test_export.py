@@ -1,5 +1,6 @@
 """End to end: tiny preset -> fp32 ONNX (Loop) + fp32 .pte, parity gate, manifest; and the gate failing."""
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -153,7 +154,7 @@ def test_killed_export_leaves_nothing_listed(tiny_export, tmp_path):
     cmd = [sys.executable, "-m", "hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out,
            "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            env={**__import__("os").environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
     deadline = time.time() + 300
     for line in proc.stdout:
         if "ExecuTorch" in line or time.time() > deadline:
@@ -182,6 +183,37 @@ def test_killed_export_leaves_nothing_listed(tiny_export, tmp_path):
     # the earlier export's programs this ONNX-only one did not make are gone, not left of the earlier model
     assert not list(out.glob("*.pte")) and not (out / "calibration.json").exists()
     assert (out / "checkpoint" / "model.safetensors").is_file()
+
+
+def test_ctrl_c_stops_the_export_with_one_line(tiny_export, tmp_path):
+    """Ctrl-C in the middle of the .pte lowering (SIGINT to the export's process group, as a terminal sends it), with
+    --verbose (the workers' stderr is the terminal's): the export exits 130 and ends with the one line `interrupted`,
+    with no worker's KeyboardInterrupt traceback (the workers leave Ctrl-C to the export, which terminates them) and
+    no leaked-semaphore warning from multiprocessing's resource tracker (torch.fx's progress bars made tqdm's lock a
+    multiprocessing one in each worker, and a terminated worker never gave it back); the workers are gone and the
+    earlier export in the folder stays whole."""
+    out = tmp_path / "out"
+    shutil.copytree(tiny_export, out)
+    cmd = [sys.executable, "-m", "hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out,
+           "--no-progress", "--verbose"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True,  # a process group of its own: the signal below reaches no test
+                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 300
+    for line in proc.stdout:
+        if "ExecuTorch" in line or time.time() > deadline:
+            break
+    time.sleep(25)  # the workers are lowering: torch.export has made its progress bars (at 8 s they had not)
+    workers = [pid for pid in children_of(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    assert workers, "the export lowers its .pte programs in worker processes"
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and stderr.splitlines()[-1:] == ["interrupted"], stderr[-1000:]
+    assert "Traceback" not in stderr and "leaked semaphore" not in stderr, stderr[-3000:]
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    from hrm_edge.runtime.manifest import read_manifest, verify_files
+    verify_files(out, read_manifest(out))
+    assert not (out / ".export-staging").exists()
 
 
 def test_a_new_export_removes_what_the_earlier_one_wrote_and_it_did_not(tmp_path, monkeypatch):
@@ -420,7 +452,7 @@ def test_bundle_only_checks_onnx_without_torch(tiny_export, tmp_path):
     d = tmp_path / "copy"
     shutil.copytree(tiny_export, d)
     proc = subprocess.run([sys.executable, "-c", BLOCK_TORCH, str(d)], capture_output=True, text=True,
-                          cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "NOT checked" in proc.stdout and "hrm.fp32.pte" in proc.stdout
     m = load_manifest(d)

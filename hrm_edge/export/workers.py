@@ -1,6 +1,6 @@
 """The .pte lowering workers' start, in a module of its own: a spawned worker imports the module of its
-initializer before running it, and this one imports the standard library and hrm_edge.quiet only, so a worker arms
-its death signal within moments of starting (the pipeline module imports torch, onnx and the exporters first,
+initializer before running it, and this one imports the standard library, tqdm and hrm_edge.quiet only, so a worker
+arms its death signal within moments of starting (the pipeline module imports torch, onnx and the exporters first,
 seconds in which a killed export would leave the worker an orphan)."""
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
+
+from tqdm import tqdm
 
 from hrm_edge.quiet import quiet_third_party
 
@@ -16,13 +19,18 @@ from hrm_edge.quiet import quiet_third_party
 def init_worker(stderr_dir: Path | None, parent_pid: int) -> None:
     """A worker's start: it must not outlive a killed export (kill -9 leaves no orphan still writing into the
     folder); unless --verbose, the libraries' notices are off and native stderr (ExecuTorch's and cpuinfo's
-    C++ lines) goes to a file, shown only if the export fails."""
+    C++ lines) goes to a file, shown only if the export fails. Ctrl-C is the export's to answer: it reaches the
+    whole process group, and the export stops its workers (Pool.terminate) and prints one line."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent_pid:  # the export died before the signal was armed: nothing to lower for
         os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # else each worker printed its own KeyboardInterrupt traceback
+    # torch.fx's progress bars made tqdm's lock a multiprocessing one, registered with the resource tracker: a worker
+    # stopped mid-lowering never unregistered it, and a leaked-semaphore warning followed "interrupted"
+    tqdm.set_lock(threading.RLock())
     if stderr_dir is not None:
         quiet_third_party(False)
         sys.stderr.flush()
