@@ -310,7 +310,7 @@ COMMANDS = {
                  "--exit-threshold --adaptive --verbose"),
     "demo": ("hrm_edge.app.demo", "--host --port --no-verify --quiet --verbose --keyboard-bench --keyboard-chars "
                                    "--keyboard-sample --keyboard-text --keyboard-model --keyboard-threads "
-                                   "--keyboard-full-depth --keyboard-interval"),
+                                   "--keyboard-full-depth --keyboard-interval --keyboard-cpu-slowdown"),
     "bench": ("hrm_edge.measure.bench", "--threads --seq-len --repeats --prompt-len --new-tokens --no-baseline --peers "
               "--rounds --lookup-len --no-weight-cache --json --no-verify --verbose"),
     "peers": ("hrm_edge.measure.peers", "--out --shape --build-only --threads --prompt-len --new-tokens --repeats "

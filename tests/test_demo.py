@@ -78,6 +78,15 @@ def test_keyboard_interval_out_of_range_is_one_line(tmp_path):
                                  "--keyboard-interval", "-5"), "--keyboard-interval must be in 0..10000 ms, got -5")
 
 
+def test_keyboard_cpu_slowdown_out_of_range_or_with_threads_is_one_line(tmp_path):
+    demo = ("hrm_edge.demo", fake_export(tmp_path / "e"), "--keyboard-bench", "--keyboard-cpu-slowdown")
+    for value, needle in [("0.5", "--keyboard-cpu-slowdown must be in 1..20, got 0.5"),
+                          ("nan", "--keyboard-cpu-slowdown must be in 1..20, got nan")]:
+        assert_user_error(run_module(*demo, value), needle)
+    # Chromium throttles the page's main thread only: onnxruntime-web's worker threads would run at full speed
+    assert_user_error(run_module(*demo, "4", "--keyboard-threads", "2"), "slows the page's main thread, not")
+
+
 def test_spread_sample_of_a_given_text_is_one_line(tmp_path):
     text = tmp_path / "t.py"
     text.write_text("import os\n")

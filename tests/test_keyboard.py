@@ -800,6 +800,9 @@ def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
         # a key is a code point, as Python's keyboard_metrics counts them (the bench typed UTF-16 units: a letter
         # outside the BMP was two keys, half of it a lone surrogate, and every chip after it was one place off)
         astral = browser_keyboard_bench(server.url, [ASTRAL_TEXT], model="hrm.fp32.kv.onnx")
+        # Chromium's CPU throttling, 8x, against the same typing unslowed
+        quick = browser_keyboard_bench(server.url, [text[:60]], model="hrm.fp32.kv.onnx")
+        slowed = browser_keyboard_bench(server.url, [text[:60]], model="hrm.fp32.kv.onnx", cpu_slowdown=8)
     finally:
         server.close()
     print({k: r[k] for k in ("model", "characters", "median_ms", "p90_ms", "top3_word_accuracy", "keystroke_savings")})
@@ -820,6 +823,9 @@ def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
             assert all(abs(a[2] - b[2]) <= 1e-4 * b[2] for a, b in zip(page, words)), (piece[:i], page, words)
     assert fp32["texts"] == 2 and fp32["characters"] == 100
     assert len(astral["chips"][0]) == len(ASTRAL_TEXT) == astral["characters"]
+    # the same chips, each keystroke slower (by 8x on 2026-12-05: half of that is a wide margin for a loaded machine)
+    assert slowed["chips"] == quick["chips"] and (slowed["cpu_slowdown"], quick["cpu_slowdown"]) == (8, 1)
+    assert slowed["median_ms"] > 4 * quick["median_ms"], (slowed["median_ms"], quick["median_ms"])
     for i, words in python_chips(default_export / "hrm.fp32.kv.onnx", tokenizer, ASTRAL_TEXT, 1).items():
         assert [w[:2] for w in astral["chips"][0][i]] == [w[:2] for w in words], (ASTRAL_TEXT[:i], words)
     # the default: float MatMuls over 8-bit weights (the demo's page form), the same chips as Python on that form

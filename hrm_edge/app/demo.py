@@ -370,6 +370,25 @@ def addresses_to_open(host: str, port: int) -> list[str]:
     return [f"http://{ip}:{port}/" for ip in ips] or [f"http://<this machine's address>:{port}/"]
 
 
+def refuse_bad_values(a) -> None:
+    """One line for the first flag whose value cannot be used (before the export folder is read)."""
+    if not a.host.strip():  # the socket would take "" as every interface: say so instead
+        raise UserError("--host is empty: give 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
+    if not 0 <= a.port <= 65535:
+        raise UserError(f"--port must be in 0..65535, got {a.port}")
+    if a.keyboard_chars < 2:
+        raise UserError(f"--keyboard-chars must be at least 2, got {a.keyboard_chars}")
+    if not 0 <= a.keyboard_interval <= 10_000:
+        raise UserError(f"--keyboard-interval must be in 0..10000 ms, got {a.keyboard_interval:g}")
+    if not 1 <= a.keyboard_threads <= 16:
+        raise UserError(f"--keyboard-threads must be in 1..16, got {a.keyboard_threads}")
+    if not 1 <= a.keyboard_cpu_slowdown <= 20:
+        raise UserError(f"--keyboard-cpu-slowdown must be in 1..20, got {a.keyboard_cpu_slowdown:g}")
+    if a.keyboard_cpu_slowdown != 1 and a.keyboard_threads != 1:  # measured: 2 threads slowed 3.5x at 4, 1 thread 4.5x
+        raise UserError("--keyboard-cpu-slowdown slows the page's main thread, not onnxruntime-web's worker threads: "
+                        "leave out --keyboard-threads")
+
+
 def main(argv=None) -> int:
     p = ArgumentParser(prog="python -m hrm_edge.demo", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -407,20 +426,16 @@ def main(argv=None) -> int:
                    help="--keyboard-bench: type a key every MS milliseconds, as a typist does, the page computing the "
                         "likeliest next keys' chips in between (its lookahead); each key's time counts from when it "
                         "was due (default 0: each key as soon as the last one's chips are there, no lookahead)")
+    p.add_argument("--keyboard-cpu-slowdown", type=float, default=1, metavar="X",
+                   help="--keyboard-bench: slow the page's CPU down X times with Chromium's CPU throttling (DevTools' "
+                        "setting; Lighthouse's mobile runs use 4): an estimate of a slower CPU such as a phone's, not a "
+                        "measurement of one, with one WASM thread (default 1: not slowed)")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
     refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--keyboard-text", "--keyboard-model",
-                         "--keyboard-threads", "--keyboard-full-depth", "--keyboard-interval"), "--keyboard-bench")
-    if not a.host.strip():  # the socket would take "" as every interface: say so instead
-        raise UserError("--host is empty: give 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
-    if not 0 <= a.port <= 65535:
-        raise UserError(f"--port must be in 0..65535, got {a.port}")
-    if a.keyboard_chars < 2:
-        raise UserError(f"--keyboard-chars must be at least 2, got {a.keyboard_chars}")
-    if not 0 <= a.keyboard_interval <= 10_000:
-        raise UserError(f"--keyboard-interval must be in 0..10000 ms, got {a.keyboard_interval:g}")
-    if not 1 <= a.keyboard_threads <= 16:
-        raise UserError(f"--keyboard-threads must be in 1..16, got {a.keyboard_threads}")
+                         "--keyboard-threads", "--keyboard-full-depth", "--keyboard-interval",
+                         "--keyboard-cpu-slowdown"), "--keyboard-bench")
+    refuse_bad_values(a)
     manifest = read_manifest(a.dir)
     routes, config = export_routes(a.dir, manifest, verify=not a.no_verify)
     ids = [m["id"] for m in config["models"]]
@@ -469,7 +484,7 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     try:
         r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", texts, a.keyboard_model,
                                    a.keyboard_threads, draft=not a.keyboard_full_depth,
-                                   interval_ms=a.keyboard_interval)
+                                   interval_ms=a.keyboard_interval, cpu_slowdown=a.keyboard_cpu_slowdown)
     finally:
         server.shutdown()
         server.server_close()
@@ -478,6 +493,9 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
           f"{r['browser']}")
     # every timing below belongs to this machine: the CPUs these benches ran on differed by 2x and more
     print(f"{describe_cpu(cpu_info())}; {started} UTC, load average {os.getloadavg()[0]:.1f} at the end")
+    if r["cpu_slowdown"] != 1:
+        print(f"the page's CPU slowed down {r['cpu_slowdown']:g}x by Chromium's throttling: an estimate of a slower CPU, "
+              f"not a measurement of one")
     if r["load_ms"] is not None:  # in the browser: the sessions made (graphs optimized, weights folded) and run once
         print(f"the program loaded in {r['load_ms']:.0f} ms (its weights from this server, its sessions made and run "
               f"once)")

@@ -114,7 +114,7 @@ def heldout_pieces(chars: int) -> list[str]:
 
 
 def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None, threads: int = 1,
-                           draft: bool = True, interval_ms: float = 0) -> dict:
+                           draft: bool = True, interval_ms: float = 0, cpu_slowdown: float = 1) -> dict:
     """Type each of `texts` (from an empty context) in the page served at `url` (its default program, or `model`: an
     artifact id such as hrm.fp32.kv.onnx) on `threads` WASM threads, the chains on the branch (else draft) graph where
     the export has one (draft False: on the full depth), and return keyboard_metrics over all texts plus median_ms /
@@ -122,7 +122,10 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
     of each text, the program, what extended the words (extender: "branch", "draft" or "full depth"), the threads and
     the browser. interval_ms > 0: a key every interval_ms, the page's lookahead computing ahead in between (ahead: the
     share of keys it had computed, ahead_calls: its other graph calls a key); 0: a key as soon as the last is done.
-    load_ms: how long the program took to load (its sessions made and run once; None if the page did not say)."""
+    load_ms: how long the program took to load (its sessions made and run once; None if the page did not say).
+    cpu_slowdown > 1: Chromium's CPU throttling slows the page's main thread that many times from before the page
+    loads (DevTools' setting, Emulation.setCPUThrottlingRate): an estimate of a slower CPU, such as a phone's, not a
+    measurement of one; onnxruntime-web's worker threads are not slowed, so it is for one WASM thread."""
     try:
         from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
     except ImportError:
@@ -132,6 +135,8 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(**PHONE)
+        if cpu_slowdown != 1:
+            page.context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": cpu_slowdown})
         page.goto(url + f"?threads={threads}" + ("" if draft else "&draft=0"))
         try:
             page.wait_for_function("(s => s.dataset.ready === '1' || s.classList.contains('error'))"
@@ -153,7 +158,7 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
             "browser": out["userAgent"], "model": out["model"], "extender": out["extender"], "threads": out["threads"],
             "texts": len(texts), "chips": chips, "interval_ms": interval_ms,
             "ahead": float(np.mean([s["ahead"] for s in steps])), "ahead_calls": out["aheadCalls"] / len(steps),
-            "load_ms": out["loadMs"]}
+            "load_ms": out["loadMs"], "cpu_slowdown": cpu_slowdown}
 
 
 def combined_metrics(metrics: list[dict]) -> dict:
