@@ -193,6 +193,8 @@ def test_nbits_graph_has_no_float_block_weights_and_computes_its_reference(tmp_p
     for bits, block in ((8, 32), (4, 16)):
         path, weights = quantize_nbits(fp32_path, tmp_path / f"hrm.int{bits}-nbits.kv.onnx", model, bits, block)
         proto = onnx.load(str(path))
+        # the IR version opset 23 came with (torch wrote 10), kept through the rewrite: "com.microsoft" adds none
+        assert proto.ir_version == onnx.load(str(fp32_path)).ir_version == 11
         _, body = loop_and_body(proto.graph)
         body_weights = {i.name: onnx.numpy_helper.to_array(i) for i in body.initializer}
         float_matmuls = [body_weights[n.input[1]] for n in body.node if n.op_type == "MatMul" and n.input[1] in body_weights]
