@@ -112,7 +112,8 @@ def _export(module, example: tuple, dynamic: tuple, input_names, output_names, p
     cfg = module.model.cfg
     onnx.helper.set_model_props(proto, {"max_seq_len": str(cfg.max_seq_len), "vocab_size": str(cfg.vocab_size)})
     # torch writes IR version 10 with opset 23, which came with IR 11 (ONNX 1.18): say the version the opset needs
-    proto.ir_version = max(proto.ir_version, onnx.helper.find_min_ir_version_for(proto.opset_import))
+    needed = onnx.helper.find_min_ir_version_for(proto.opset_import, ignore_unknown=True)
+    proto.ir_version = max(proto.ir_version, needed)
     if needs_loop and "Loop" not in main_graph_ops(proto):
         raise RuntimeError(f"ONNX export of {path.name} lost the iteration Loop (main graph has no Loop node)")
     onnx.checker.check_model(proto, full_check=True)
