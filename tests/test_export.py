@@ -198,25 +198,31 @@ def test_ctrl_c_stops_the_export_with_one_line(tiny_export, tmp_path):
     with no worker's KeyboardInterrupt traceback (the workers leave Ctrl-C to the export, which terminates them) and
     no leaked-semaphore warning from multiprocessing's resource tracker (torch.fx's progress bars made tqdm's lock a
     multiprocessing one in each worker, and a terminated worker never gave it back); the workers are gone and the
-    earlier export in the folder stays whole."""
+    earlier export in the folder stays whole. The signal comes once a worker has written a program into the staging
+    folder (its lowering, progress bars included, has run) while the others are still lowering."""
     out = tmp_path / "out"
     shutil.copytree(tiny_export, out)
     cmd = [sys.executable, "-m", "hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out,
            "--no-progress", "--verbose"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            start_new_session=True,  # a process group of its own: the signal below reaches no test
-                            env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
-    deadline = time.time() + 300
-    for line in proc.stdout:
-        if "ExecuTorch" in line or time.time() > deadline:
-            break
-    time.sleep(25)  # the workers are lowering: torch.export has made its progress bars (at 8 s they had not)
-    workers = [pid for pid in children_of(proc.pid) if "spawn_main" in cmdline(pid)]
-    assert workers, "the export lowers its .pte programs in worker processes"
-    os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and stderr.splitlines()[-1:] == ["interrupted"], stderr[-1000:]
-    assert "Traceback" not in stderr and "leaked semaphore" not in stderr, stderr[-3000:]
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:  # files: never full
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, cwd=REPO,
+                                start_new_session=True,  # a process group of its own: the signal reaches no test
+                                env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.time() + 600
+        while not list((out / ".export-staging").glob("*.pte")) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        workers = [pid for pid in children_of(proc.pid) if "spawn_main" in cmdline(pid)]
+        assert workers, "the export lowers its .pte programs in worker processes, and they were still lowering"
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:  # a failed check above: stop it, not leave it to compete with the suite
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = (tmp_path / "stderr").read_text()
+    assert proc.returncode == 130 and err.splitlines()[-1:] == ["interrupted"], err[-1000:]
+    assert "Traceback" not in err and "leaked semaphore" not in err, err[-3000:]
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
     from hrm_edge.runtime.manifest import read_manifest, verify_files
     verify_files(out, read_manifest(out))

@@ -384,9 +384,9 @@ def refuse_bad_values(a) -> None:
         raise UserError(f"--keyboard-threads must be in 1..16, got {a.keyboard_threads}")
     if not 1 <= a.keyboard_cpu_slowdown <= 20:
         raise UserError(f"--keyboard-cpu-slowdown must be in 1..20, got {a.keyboard_cpu_slowdown:g}")
-    if a.keyboard_cpu_slowdown != 1 and a.keyboard_threads != 1:  # measured: 2 threads slowed 3.5x at 4, 1 thread 4.5x
+    if a.keyboard_cpu_slowdown != 1 and a.keyboard_threads != 1:  # the threads past the first would run unslowed
         raise UserError("--keyboard-cpu-slowdown slows the page's main thread, not onnxruntime-web's worker threads: "
-                        "leave out --keyboard-threads")
+                        "leave out --keyboard-threads (or give 1)")
 
 
 def main(argv=None) -> int:
@@ -427,9 +427,10 @@ def main(argv=None) -> int:
                         "likeliest next keys' chips in between (its lookahead); each key's time counts from when it "
                         "was due (default 0: each key as soon as the last one's chips are there, no lookahead)")
     p.add_argument("--keyboard-cpu-slowdown", type=float, default=1, metavar="X",
-                   help="--keyboard-bench: slow the page's CPU down X times with Chromium's CPU throttling (DevTools' "
-                        "setting; Lighthouse's mobile runs use 4): an estimate of a slower CPU such as a phone's, not a "
-                        "measurement of one, with one WASM thread (default 1: not slowed)")
+                   help="--keyboard-bench: slow the page's main thread down X times (1..20) with Chromium's CPU "
+                        "throttling (DevTools' setting; Lighthouse's mobile runs use 4): an estimate of a slower CPU "
+                        "such as a phone's, not a measurement of one; only with one WASM thread, so not with "
+                        "--keyboard-threads (default 1: not slowed)")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
     refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--keyboard-text", "--keyboard-model",
@@ -494,8 +495,8 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     # every timing below belongs to this machine: the CPUs these benches ran on differed by 2x and more
     print(f"{describe_cpu(cpu_info())}; {started} UTC, load average {os.getloadavg()[0]:.1f} at the end")
     if r["cpu_slowdown"] != 1:
-        print(f"the page's CPU slowed down {r['cpu_slowdown']:g}x by Chromium's throttling: an estimate of a slower CPU, "
-              f"not a measurement of one")
+        print(f"the page's main thread slowed down {r['cpu_slowdown']:g}x by Chromium's CPU throttling: an estimate "
+              f"of a slower CPU, not a measurement of one")
     if r["load_ms"] is not None:  # in the browser: the sessions made (graphs optimized, weights folded) and run once
         print(f"the program loaded in {r['load_ms']:.0f} ms (its weights from this server, its sessions made and run "
               f"once)")

@@ -16,6 +16,10 @@ from tqdm import tqdm
 from hrm_edge.quiet import quiet_third_party
 
 
+def ignore_signal(signum, frame) -> None:
+    pass
+
+
 def init_worker(stderr_dir: Path | None, parent_pid: int) -> None:
     """A worker's start: it must not outlive a killed export (kill -9 leaves no orphan still writing into the
     folder); unless --verbose, the libraries' notices are off and native stderr (ExecuTorch's and cpuinfo's
@@ -27,7 +31,9 @@ def init_worker(stderr_dir: Path | None, parent_pid: int) -> None:
         pass
     if os.getppid() != parent_pid:  # the export died before the signal was armed: nothing to lower for
         os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # else each worker printed its own KeyboardInterrupt traceback
+    # Ctrl-C does nothing here (else each worker printed its own KeyboardInterrupt traceback): a handler, not SIG_IGN,
+    # which a program the worker runs (ExecuTorch's flatc) would inherit and outlive the worker with
+    signal.signal(signal.SIGINT, ignore_signal)
     # torch.fx's progress bars made tqdm's lock a multiprocessing one, registered with the resource tracker: a worker
     # stopped mid-lowering never unregistered it, and a leaked-semaphore warning followed "interrupted"
     tqdm.set_lock(threading.RLock())
