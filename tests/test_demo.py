@@ -70,18 +70,18 @@ def test_unknown_keyboard_model_is_one_line(tmp_path):
 
 def test_keyboard_threads_out_of_range_is_one_line(tmp_path):
     assert_user_error(run_module("hrm_edge.demo", fake_export(tmp_path / "e"), "--keyboard-bench", "--keyboard-threads",
-                                 "0"), "--keyboard-threads must be in 1..16, got 0")
+                                 "0"), "--keyboard-threads must be in 1..16, not 0")
 
 
 def test_keyboard_interval_out_of_range_is_one_line(tmp_path):
     assert_user_error(run_module("hrm_edge.demo", fake_export(tmp_path / "e"), "--keyboard-bench",
-                                 "--keyboard-interval", "-5"), "--keyboard-interval must be in 0..10000 ms, got -5")
+                                 "--keyboard-interval", "-5"), "--keyboard-interval must be in 0..10000 ms, not -5")
 
 
 def test_keyboard_cpu_slowdown_out_of_range_or_with_threads_is_one_line(tmp_path):
     demo = ("hrm_edge.demo", fake_export(tmp_path / "e"), "--keyboard-bench", "--keyboard-cpu-slowdown")
-    for value, needle in [("0.5", "--keyboard-cpu-slowdown must be in 1..20, got 0.5"),
-                          ("nan", "--keyboard-cpu-slowdown must be in 1..20, got nan")]:
+    for value, needle in [("0.5", "--keyboard-cpu-slowdown must be in 1..20, not 0.5"),
+                          ("nan", "--keyboard-cpu-slowdown must be in 1..20, not nan")]:
         assert_user_error(run_module(*demo, value), needle)
     # Chromium throttles the page's main thread only: onnxruntime-web's worker threads would run at full speed
     assert_user_error(run_module(*demo, "4", "--keyboard-threads", "2"), "slows the page's main thread, not")
@@ -595,101 +595,115 @@ def test_page_adaptive_steps_are_pythons(default_export, browser):
         np.testing.assert_allclose(np.array(step["logits"]), logits, atol=1e-4)
 
 
+def check_suggestions_and_requests(page, requests: list) -> None:
+    """The default program's graphs and weights requests, and its chips after typing (a chip is for its text)."""
+    # the default (int8 weights) program's KV and branch graphs came with their weights in one file, fetched once
+    shared = [u for u in requests if u.startswith("/shared/")]
+    assert sorted(u.rsplit("/", 1)[1] for u in shared) == ["hrm.int8-nbits.branch.onnx", "hrm.int8-nbits.kv.onnx",
+                                                           "hrm.int8-nbits.weights"], requests
+    assert not [u for u in requests if u.startswith("/export/") and u.endswith(".onnx")], requests
+    # suggestions after typing
+    page.fill("#text", "import o")
+    page.wait_for_function("window.hrmDemo.lastSuggestions && window.hrmDemo.lastSuggestions.text === 'import o'",
+                           timeout=60_000)
+    chips = page.locator("#suggestions button.suggestion").all_inner_texts()
+    assert 1 <= len(chips) <= 3 and all(chips), chips
+    assert "os" in [c.strip() for c in chips] or any(c.startswith("o") for c in chips), chips
+    assert page.inner_text("#suggest-time").endswith("ms")
+    # a chip is for the text it was computed for: after a key typed since (set here without an input event and
+    # with the box unfocused, so that no new chips come), a tap inserts nothing
+    page.evaluate("() => { const box = document.getElementById('text'); box.blur(); box.value = 'import ox'; "
+                  "box.setSelectionRange(9, 9); }")
+    page.locator("#suggestions button.suggestion").first.click()
+    assert page.input_value("#text") == "import ox"
+
+
+def check_greedy_completion(page, export_dir: Path, requests: list) -> None:
+    """The page's greedy Complete (fp32) is `python -m hrm_edge.complete --runtime onnx`'s text; each weights file is
+    fetched once."""
+    # greedy completion == python -m hrm_edge.complete --runtime onnx (fp32, 64 new tokens)
+    select_model(page, "hrm.fp32.kv.onnx")
+    page.fill("#text", PROMPT)
+    page.fill("#temperature", "0")
+    page.fill("#top-k", "0")
+    page.fill("#max-new", "64")
+    page.click("#complete")
+    page.wait_for_function("window.hrmDemo.lastCompletion", timeout=120_000)
+    cli = run_module("hrm_edge.complete", "--artifacts", export_dir, "--runtime", "onnx", "--max-new-tokens", "64",
+                     PROMPT)
+    assert cli.returncode == 0, cli.stderr
+    expected = cli.stdout.rsplit("\n", 2)[0]  # prompt + continuation; then the stats line
+    assert page.input_value("#text") == expected
+    completion = page.evaluate("window.hrmDemo.lastCompletion")
+    assert len(completion["ids"]) == 64 and completion["decodeTokensPerS"] > 0
+    # the page's default lookup (8): each token after the first from a decode call or a verified guess
+    assert completion["calls"] + completion["fromContext"] == 63, completion
+    print(f"browser greedy decode: {completion['decodeTokensPerS']:.0f} tokens/s; {page.inner_text('#stats')}")
+    weights = [u.rsplit("/", 1)[1] for u in requests if u.endswith(".weights")]
+    assert weights == ["hrm.int8-nbits.weights", "hrm.fp32.weights"], weights  # each program's once
+
+
+def check_self_tests(page, export_dir: Path, tmp_path: Path) -> None:
+    """The page's self-test on fp32, its .ort form, static int8 and the default program, against Python's numbers."""
+    # self-test: fp32 passes, with the numbers Python computes on the same bundle
+    fp32 = run_self_test(page)
+    want = python_self_test(export_dir, "hrm.fp32.kv.onnx")
+    assert fp32["passed"] and want["passed"], (fp32, want)
+    assert page.get_attribute("#selftest-result", "data-passed") == "1"
+    assert "PASSED" in page.inner_text("#selftest-result")
+    assert fp32["top1_agreement"] == want["top1_agreement"] == 1.0
+    assert abs(fp32["max_abs_logit_error"] - want["max_abs_logit_error"]) < 1e-4
+    assert abs(fp32["perplexity"] / want["perplexity"] - 1) < 1e-5
+    print("fp32 self-test:", {k: fp32[k] for k in ("max_abs_logit_error", "top1_agreement", "perplexity", "ms")})
+    page.wait_for_function("window.hrmDemo.lastSuggestions && "
+                           "window.hrmDemo.lastSuggestions.text === document.getElementById('text').value",
+                           timeout=60_000)  # the suggestions after the completed text, for the picture
+    page.screenshot(path=str(tmp_path / "demo.png"), full_page=True)
+    (REPO / "docs").mkdir(exist_ok=True)
+    shutil.copyfile(tmp_path / "demo.png", REPO / "docs" / "demo.png")
+
+    # the same program in ONNX Runtime's .ort format loads and passes too
+    select_model(page, "hrm.fp32.kv.ort")
+    ort_format = run_self_test(page)
+    assert ort_format["passed"] and abs(ort_format["max_abs_logit_error"] - fp32["max_abs_logit_error"]) < 1e-4, ort_format
+
+    # int8: the browser computes what the int8 eager reference computes (the parity bundle's
+    # reference/<name> logits, cut like the web bundle), judged against fp32 with the same tolerances
+    int8_id = "hrm.int8-static-perstep.kv.onnx"
+    select_model(page, int8_id)
+    int8 = run_self_test(page)
+    want = int8_reference_self_test(export_dir, int8_id)
+    ort_python = python_self_test(export_dir, int8_id)
+    print("int8 self-test:", {k: int8[k] for k in ("max_abs_logit_error", "top1_agreement", "perplexity", "passed",
+                                                    "reason", "ms")},
+          "| int8 eager reference:", {k: want[k] for k in ("max_abs_logit_error", "top1_agreement", "perplexity")},
+          "| python onnxruntime on this CPU:", {k: ort_python[k] for k in ("max_abs_logit_error", "top1_agreement")})
+    assert int8["passed"] == want["passed"]
+    assert abs(int8["top1_agreement"] - want["top1_agreement"]) <= 2 / int8["positions"]
+    assert abs(int8["perplexity"] / want["perplexity"] - 1) < 0.005  # int8_vs_int8_reference's bound
+    assert abs(int8["max_abs_logit_error"] - want["max_abs_logit_error"]) < 1e-2 * want["logit_range"]
+
+    # the default program, 8-bit weights served as float MatMuls (shared_weights): what Python's onnxruntime
+    # computes on the same served graph, as close as fp32's (one float graph, other kernels), and it passes
+    select_model(page, "hrm.int8-nbits.kv.onnx")
+    served = run_self_test(page)
+    want = page_form_self_test(export_dir, "hrm.int8-nbits.kv.onnx", tmp_path / "page-form")
+    print("int8 weights (page form) self-test:", {k: served[k] for k in ("max_abs_logit_error", "top1_agreement",
+                                                                          "perplexity", "ms")})
+    assert served["passed"] and want["passed"], (served, want)
+    assert served["top1_agreement"] == want["top1_agreement"]
+    assert abs(served["max_abs_logit_error"] - want["max_abs_logit_error"]) < 1e-4
+    assert abs(served["perplexity"] / want["perplexity"] - 1) < 1e-5
+
+
 @pytest.mark.slow
 def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
     server, requests = DemoServer(default_export), []
     try:
         page = open_page(browser, server.url, requests)
-        # the default (int8 weights) program's KV and branch graphs came with their weights in one file, fetched once
-        shared = [u for u in requests if u.startswith("/shared/")]
-        assert sorted(u.rsplit("/", 1)[1] for u in shared) == ["hrm.int8-nbits.branch.onnx", "hrm.int8-nbits.kv.onnx",
-                                                               "hrm.int8-nbits.weights"], requests
-        assert not [u for u in requests if u.startswith("/export/") and u.endswith(".onnx")], requests
-        # suggestions after typing
-        page.fill("#text", "import o")
-        page.wait_for_function("window.hrmDemo.lastSuggestions && window.hrmDemo.lastSuggestions.text === 'import o'",
-                               timeout=60_000)
-        chips = page.locator("#suggestions button.suggestion").all_inner_texts()
-        assert 1 <= len(chips) <= 3 and all(chips), chips
-        assert "os" in [c.strip() for c in chips] or any(c.startswith("o") for c in chips), chips
-        assert page.inner_text("#suggest-time").endswith("ms")
-        # a chip is for the text it was computed for: after a key typed since (set here without an input event and
-        # with the box unfocused, so that no new chips come), a tap inserts nothing
-        page.evaluate("() => { const box = document.getElementById('text'); box.blur(); box.value = 'import ox'; "
-                      "box.setSelectionRange(9, 9); }")
-        page.locator("#suggestions button.suggestion").first.click()
-        assert page.input_value("#text") == "import ox"
-
-        # greedy completion == python -m hrm_edge.complete --runtime onnx (fp32, 64 new tokens)
-        select_model(page, "hrm.fp32.kv.onnx")
-        page.fill("#text", PROMPT)
-        page.fill("#temperature", "0")
-        page.fill("#top-k", "0")
-        page.fill("#max-new", "64")
-        page.click("#complete")
-        page.wait_for_function("window.hrmDemo.lastCompletion", timeout=120_000)
-        cli = run_module("hrm_edge.complete", "--artifacts", default_export, "--runtime", "onnx", "--max-new-tokens", "64",
-                         PROMPT)
-        assert cli.returncode == 0, cli.stderr
-        expected = cli.stdout.rsplit("\n", 2)[0]  # prompt + continuation; then the stats line
-        assert page.input_value("#text") == expected
-        completion = page.evaluate("window.hrmDemo.lastCompletion")
-        assert len(completion["ids"]) == 64 and completion["decodeTokensPerS"] > 0
-        # the page's default lookup (8): each token after the first from a decode call or a verified guess
-        assert completion["calls"] + completion["fromContext"] == 63, completion
-        print(f"browser greedy decode: {completion['decodeTokensPerS']:.0f} tokens/s; {page.inner_text('#stats')}")
-        weights = [u.rsplit("/", 1)[1] for u in requests if u.endswith(".weights")]
-        assert weights == ["hrm.int8-nbits.weights", "hrm.fp32.weights"], weights  # each program's once
-
-        # self-test: fp32 passes, with the numbers Python computes on the same bundle
-        fp32 = run_self_test(page)
-        want = python_self_test(default_export, "hrm.fp32.kv.onnx")
-        assert fp32["passed"] and want["passed"], (fp32, want)
-        assert page.get_attribute("#selftest-result", "data-passed") == "1"
-        assert "PASSED" in page.inner_text("#selftest-result")
-        assert fp32["top1_agreement"] == want["top1_agreement"] == 1.0
-        assert abs(fp32["max_abs_logit_error"] - want["max_abs_logit_error"]) < 1e-4
-        assert abs(fp32["perplexity"] / want["perplexity"] - 1) < 1e-5
-        print("fp32 self-test:", {k: fp32[k] for k in ("max_abs_logit_error", "top1_agreement", "perplexity", "ms")})
-        page.wait_for_function("window.hrmDemo.lastSuggestions && "
-                               "window.hrmDemo.lastSuggestions.text === document.getElementById('text').value",
-                               timeout=60_000)  # the suggestions after the completed text, for the picture
-        page.screenshot(path=str(tmp_path / "demo.png"), full_page=True)
-        (REPO / "docs").mkdir(exist_ok=True)
-        shutil.copyfile(tmp_path / "demo.png", REPO / "docs" / "demo.png")
-
-        # the same program in ONNX Runtime's .ort format loads and passes too
-        select_model(page, "hrm.fp32.kv.ort")
-        ort_format = run_self_test(page)
-        assert ort_format["passed"] and abs(ort_format["max_abs_logit_error"] - fp32["max_abs_logit_error"]) < 1e-4, ort_format
-
-        # int8: the browser computes what the int8 eager reference computes (the parity bundle's
-        # reference/<name> logits, cut like the web bundle), judged against fp32 with the same tolerances
-        int8_id = "hrm.int8-static-perstep.kv.onnx"
-        select_model(page, int8_id)
-        int8 = run_self_test(page)
-        want = int8_reference_self_test(default_export, int8_id)
-        ort_python = python_self_test(default_export, int8_id)
-        print("int8 self-test:", {k: int8[k] for k in ("max_abs_logit_error", "top1_agreement", "perplexity", "passed",
-                                                        "reason", "ms")},
-              "| int8 eager reference:", {k: want[k] for k in ("max_abs_logit_error", "top1_agreement", "perplexity")},
-              "| python onnxruntime on this CPU:", {k: ort_python[k] for k in ("max_abs_logit_error", "top1_agreement")})
-        assert int8["passed"] == want["passed"]
-        assert abs(int8["top1_agreement"] - want["top1_agreement"]) <= 2 / int8["positions"]
-        assert abs(int8["perplexity"] / want["perplexity"] - 1) < 0.005  # int8_vs_int8_reference's bound
-        assert abs(int8["max_abs_logit_error"] - want["max_abs_logit_error"]) < 1e-2 * want["logit_range"]
-
-        # the default program, 8-bit weights served as float MatMuls (shared_weights): what Python's onnxruntime
-        # computes on the same served graph, as close as fp32's (one float graph, other kernels), and it passes
-        select_model(page, "hrm.int8-nbits.kv.onnx")
-        served = run_self_test(page)
-        want = page_form_self_test(default_export, "hrm.int8-nbits.kv.onnx", tmp_path / "page-form")
-        print("int8 weights (page form) self-test:", {k: served[k] for k in ("max_abs_logit_error", "top1_agreement",
-                                                                              "perplexity", "ms")})
-        assert served["passed"] and want["passed"], (served, want)
-        assert served["top1_agreement"] == want["top1_agreement"]
-        assert abs(served["max_abs_logit_error"] - want["max_abs_logit_error"]) < 1e-4
-        assert abs(served["perplexity"] / want["perplexity"] - 1) < 1e-5
+        check_suggestions_and_requests(page, requests)
+        check_greedy_completion(page, default_export, requests)
+        check_self_tests(page, default_export, tmp_path)
     finally:
         server.close()
 

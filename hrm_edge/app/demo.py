@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlsplit
 from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_pieces, heldout_text
 from hrm_edge.app.shared_weights import EXTERNAL_MIN_BYTES, share_weights, weights_name
 from hrm_edge.errors import ArgumentParser, UserError, run_cli
-from hrm_edge.io import path_arg, refuse_unused, sha256_file
+from hrm_edge.io import path_arg, refuse_out_of_range, refuse_unused, sha256_file
 from hrm_edge.measure.harness import cpu_info, describe_cpu
 from hrm_edge.quiet import quiet_third_party
 from hrm_edge.runtime.manifest import contained_path, manifest_json, read_manifest, verify_files
@@ -374,16 +374,13 @@ def refuse_bad_values(a) -> None:
     """One line for the first flag whose value cannot be used (before the export folder is read)."""
     if not a.host.strip():  # the socket would take "" as every interface: say so instead
         raise UserError("--host is empty: give 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)")
-    if not 0 <= a.port <= 65535:
-        raise UserError(f"--port must be in 0..65535, got {a.port}")
-    if a.keyboard_chars < 2:
-        raise UserError(f"--keyboard-chars must be at least 2, got {a.keyboard_chars}")
-    if not 0 <= a.keyboard_interval <= 10_000:
-        raise UserError(f"--keyboard-interval must be in 0..10000 ms, got {a.keyboard_interval:g}")
-    if not 1 <= a.keyboard_threads <= 16:
-        raise UserError(f"--keyboard-threads must be in 1..16, got {a.keyboard_threads}")
-    if not 1 <= a.keyboard_cpu_slowdown <= 20:
-        raise UserError(f"--keyboard-cpu-slowdown must be in 1..20, got {a.keyboard_cpu_slowdown:g}")
+    refuse_out_of_range(("--port", a.port, 0 <= a.port <= 65535, "in 0..65535"),
+                        ("--keyboard-chars", a.keyboard_chars, a.keyboard_chars >= 2, ">= 2"),
+                        ("--keyboard-interval", a.keyboard_interval, 0 <= a.keyboard_interval <= 10_000,
+                         "in 0..10000 ms"),
+                        ("--keyboard-threads", a.keyboard_threads, 1 <= a.keyboard_threads <= 16, "in 1..16"),
+                        ("--keyboard-cpu-slowdown", a.keyboard_cpu_slowdown, 1 <= a.keyboard_cpu_slowdown <= 20,
+                         "in 1..20"))
     if a.keyboard_cpu_slowdown != 1 and a.keyboard_threads != 1:  # the threads past the first would run unslowed
         raise UserError("--keyboard-cpu-slowdown slows the page's main thread, not onnxruntime-web's worker threads: "
                         "leave out --keyboard-threads (or give 1)")
