@@ -199,6 +199,7 @@ public final class WordSuggester {
         String[] texts = tokenTexts(logits.length);
         String prefix = tokenizer.decode(Arrays.copyOfRange(ids, cut, ids.length));
         List<Chain> list = new ArrayList<>(), fresh = new ArrayList<>();
+        double[] firstProbs = null; // the first tokens' softmax, taken once and only if a chain is new (as the page's)
         for (int t : firstTokens(logits, texts, prefix, CANDIDATES, midWord)) {
             // a chain depends on its first token, the text it must spell and whether its word has started (where it
             // forks)
@@ -208,7 +209,8 @@ public final class WordSuggester {
             if (chain == null || stale(chain, prefix, midWord)) {
                 chain = new Chain(); // not computed yet, or too short to decide
                 chain.tokens.add(t);
-                chain.probs.add(probability(logits, t));
+                if (firstProbs == null) firstProbs = Sampling.softmax(logits);
+                chain.probs.add(firstProbs[t]);
                 chains.put(key, chain);
                 fresh.add(chain);
             }
@@ -219,7 +221,8 @@ public final class WordSuggester {
         out.sort((a, b) -> Double.compare(b.probability, a.probability)); // stable: ties keep candidate order
         List<Suggestion> best = out.subList(0, Math.min(n, out.size()));
         if (!midWord && !best.isEmpty()) { // at a word start: the model's chance of each word given the typed text
-            double z = prefixProbability(Sampling.softmax(logits), texts, prefix);
+            if (firstProbs == null) firstProbs = Sampling.softmax(logits);
+            double z = prefixProbability(firstProbs, texts, prefix);
             if (z > 0) for (Suggestion w : best) w.probability /= z;
         }
         return withTypedWords(best, text, partial, n);
@@ -391,7 +394,7 @@ public final class WordSuggester {
         int cut = healedStart(ids, trailingWord(text));
         String prefix = tokenizer.decode(Arrays.copyOfRange(ids, cut, ids.length));
         String[] texts = tokenTexts(cachedLogits.length);
-        double[] p = Sampling.softmax(cachedLogits); // the same doubles as probability() and the page's
+        double[] p = Sampling.softmax(cachedLogits); // the same doubles as the chains' and the page's
         Map<String, Double> mass = new LinkedHashMap<>(); // next character -> summed probability of its tokens
         for (int t = 0; t < texts.length; t++) {
             if (texts[t].length() <= prefix.length() || !texts[t].startsWith(prefix)) continue;
@@ -588,17 +591,18 @@ public final class WordSuggester {
         int[] ids = ids(chain, chain.tokens.size());
         float[] logits = extender.forward(new int[] {ids[ids.length - 1]}, position + ids.length - 1);
         List<Integer> next = nextTokens(chain, logits, tokenizer.decode(ids), prefix, midWord);
+        double[] p = Sampling.softmax(logits); // once for the step's tokens: the chain's and its forks'
         for (int t : next.subList(1, next.size())) {
             Chain fork = new Chain();
             fork.tokens.addAll(chain.tokens);
             fork.probs.addAll(chain.probs);
             fork.forked = true;
             fork.tokens.add(t);
-            fork.probs.add(probability(logits, t));
+            fork.probs.add(p[t]);
             chain.forks.add(fork);
         }
         chain.tokens.add(next.get(0));
-        chain.probs.add(probability(logits, next.get(0)));
+        chain.probs.add(p[next.get(0)]);
     }
 
     /** Greedy: while the taken-back text is unspelled, only a token that fits it; where the word has not started,
@@ -766,13 +770,5 @@ public final class WordSuggester {
         int best = 0;
         for (int i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;
         return best;
-    }
-
-    /** exp(logits[t] - max) / sum_j exp(logits[j] - max), in double (the same sum order as the page). */
-    private static double probability(float[] logits, int t) {
-        double max = Double.NEGATIVE_INFINITY, sum = 0;
-        for (float x : logits) max = Math.max(max, x);
-        for (float x : logits) sum += Math.exp(x - max);
-        return Math.exp(logits[t] - max) / sum;
     }
 }
