@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import multiprocessing
 import os
 import platform
 import sys
@@ -40,7 +39,7 @@ from hrm_edge.export.quantize import (NBITS_BLOCK, all_linear_int8_names, dynami
                                       parse_linear_names, pt2e_quantization, pte_weight_bytes,
                                       static_int8_names, static_int8_pt2e_model, static_int8_reference,
                                       static_onnx_quantization, static_plan)
-from hrm_edge.export.workers import init_worker
+from hrm_edge.export.workers import init_worker, spawn_workers
 from hrm_edge.io import (atomic_write_text, check_writable_dir, folder_lock, one_line_write_errors, path_arg, publish,
                          removed_if_failed, sha256_file, some_names, staging_folder, text_arg)
 from hrm_edge.model.checkpoint import (CONFIG, TOKENIZER, WEIGHTS, check_checkpoint, configs_for, copy_model_files,
@@ -814,8 +813,7 @@ def start_pte_workers(model_dir: Path, staging: Path, jobs: list[PteJob], parity
     programs = [j.name + (f" + {j.kv}" if j.kv else "") for j in jobs]  # "+": one lowering writes both
     _stage(f"lowering {len(jobs) + sum(bool(j.kv) for j in jobs)} ExecuTorch program(s) (unrolled, XNNPACK) in "
            f"worker processes: {', '.join(programs)}", log)
-    pool = multiprocessing.get_context("spawn").Pool(min(2, len(jobs)), initializer=init_worker,
-                                                     initargs=(stderr_dir, os.getpid()))
+    pool = spawn_workers(min(2, len(jobs)), init_worker, (stderr_dir, os.getpid()))
     return pool, [pool.apply_async(build_pte_programs, (model_dir, staging, [job], parity.tokens, parity.prefill_len))
                   for job in jobs]
 

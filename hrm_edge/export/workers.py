@@ -5,6 +5,7 @@ seconds in which a killed export would leave the worker an orphan)."""
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import signal
 import sys
@@ -43,3 +44,14 @@ def init_worker(stderr_dir: Path | None, parent_pid: int) -> None:
         fd = os.open(stderr_dir / f"worker-{os.getpid()}.stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
         os.close(fd)
+
+
+def spawn_workers(processes: int, initializer=init_worker, initargs: tuple = ()):
+    """A pool of `processes` spawned workers that start with Ctrl-C ignored: SIG_IGN survives exec and Python leaves
+    an ignored SIGINT ignored, so one pressed in the ~0.3 s before init_worker installs its handler prints no traceback.
+    The export itself ignores Ctrl-C only while the pool starts them (some 30 ms)."""
+    answer = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return multiprocessing.get_context("spawn").Pool(processes, initializer=initializer, initargs=initargs)
+    finally:
+        signal.signal(signal.SIGINT, answer)
