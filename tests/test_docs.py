@@ -1,5 +1,6 @@
 """The project's Markdown: every relative link names a file that exists and, after a '#', a heading in it (the docs
 cite each other's sections by anchor, and a renamed heading would break the link silently)."""
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -21,6 +22,7 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+@functools.cache  # a file is linked to many times
 def anchors(path: Path) -> set[str]:
     """Every heading's anchor, a repeated one also with GitHub's -1, -2, ... suffixes."""
     seen: dict[str, int] = {}
@@ -63,4 +65,3 @@ def test_relative_links_resolve(tmp_path):
     page.write_text("# A heading\n\n[ok](#a-heading) [gone](#no-heading) [file](nope.md) [web](https://x.org/#y)\n"
                     "```\n[in code](#not-checked)\n```\n")
     assert broken_links(page, tmp_path) == ["page.md: #no-heading (no such heading)", "page.md: nope.md (no such file)"]
-

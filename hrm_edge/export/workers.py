@@ -46,7 +46,7 @@ def init_worker(stderr_dir: Path | None, parent_pid: int) -> None:
         os.close(fd)
 
 
-def spawn_workers(processes: int, initializer=init_worker, initargs: tuple = ()):
+def spawn_workers(processes: int, initializer, initargs: tuple = ()):
     """A pool of `processes` spawned workers that start with Ctrl-C ignored: SIG_IGN survives exec and Python leaves
     an ignored SIGINT ignored, so one pressed in the ~0.3 s before init_worker installs its handler prints no traceback.
     The export itself ignores Ctrl-C only while the pool starts them (some 30 ms)."""
