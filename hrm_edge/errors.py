@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from typing import Callable
@@ -36,4 +37,11 @@ def run_cli(main: Callable[[list[str] | None], int], argv: list[str] | None = No
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as a shell tool does on SIGPIPE
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
         code = 141
+    except OSError as e:  # a full disk (the output, or stdout redirected to a file): one line, not a traceback
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # stdout may be the full file
+        print(f"error: {e.strerror}" + (f" ({e.filename})" if e.filename else " (writing the output)"),
+              file=sys.stderr)
+        code = 1
     sys.exit(code)

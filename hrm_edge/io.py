@@ -214,18 +214,20 @@ def _rewrite(f, text: str) -> None:
 
 
 @contextlib.contextmanager
-def removed_if_failed(folder: Path, leftovers: tuple[str, ...] = ()):
+def removed_if_failed(folder: Path, leftovers: tuple[str, ...] = (), setup: tuple[str, ...] = ()):
     """For a folder the with-block may create: if the block fails and the folder was not there before and holds
-    nothing but empty `leftovers` (a released lock marker), it is removed. A run refused on an input it could only
-    judge by reading it (a corpus with no text) leaves nothing behind; a folder that was there, holds work, or whose
-    lock another run holds (its pid inside) is kept."""
+    nothing but empty `leftovers` (a released lock marker) and the run's `setup` files (what it wrote before any
+    work: a study's study_config.json), it is removed. A run refused on an input it could only judge by reading it (a
+    corpus with no text) leaves nothing behind; a folder that was there, holds work, or whose lock another run holds
+    (its pid inside) is kept."""
     folder = Path(folder)
     existed = folder.exists()
     try:
         yield
     except BaseException:
-        if not existed and folder.is_dir() and all(p.name in leftovers and p.is_file() and p.stat().st_size == 0
-                                                   for p in folder.iterdir()):
+        if not existed and folder.is_dir() and all(
+                p.is_file() and (p.name in setup or p.name in leftovers and p.stat().st_size == 0)
+                for p in folder.iterdir()):
             shutil.rmtree(folder, ignore_errors=True)
         raise
 

@@ -110,7 +110,7 @@ def test_thread_counts_seeds_and_output_paths_are_checked_first(tmp_path):
     shipped, tiny = REPO / "hrm_edge" / "default_model", ("--preset", "tiny")
     for module, args, needle in [
             ("hrm_edge.train", (*tiny, "--out", tmp_path / "t", "--threads", "-1"), "--threads must be in"),
-            ("hrm_edge.train", (*tiny, "--out", tmp_path / "t", "--seed", "-1"), "--seed in 0..4294967295"),
+            ("hrm_edge.train", (*tiny, "--out", tmp_path / "t", "--seed", "-1"), "--seed must be in 0..4294967295, not -1"),
             ("hrm_edge.train", (*tiny, "--speed-test", "--out", tmp_path / "a_file" / "o"), "not writable"),
             ("hrm_edge.study", ("--out", tmp_path / "s", "--threads", "100000"), "--threads must be in 0..256"),
             ("hrm_edge.evaluate", (shipped, "--threads", "-1"), "--threads must be in 0..256"),
@@ -195,6 +195,21 @@ def test_evaluate_checks_its_checkpoints_first(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["half"]
 
 
+def test_refused_evaluations_and_benches_leave_no_folder(tmp_path):
+    """A refusal found only when an input is read (a damaged checkpoint, an --ngram file that is not one) or from
+    the export's manifest (--seq-len past its context) left the new --out (or --json folder) behind, empty."""
+    (tmp_path / "ckpt").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (tmp_path / "ckpt" / name).write_bytes((REPO / "hrm_edge" / "default_model" / name).read_bytes())
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"not tensors")
+    (tmp_path / "not.npz").write_text("x")
+    for args, needle in [((tmp_path / "ckpt", "--out", tmp_path / "o1"), "cannot load model.safetensors"),
+                         ((REPO / "hrm_edge" / "default_model", "--keyboard", "--out", tmp_path / "o2", "--ngram",
+                           tmp_path / "not.npz"), "not an n-gram keyboard file")]:
+        assert_user_error(run_module("hrm_edge.evaluate", *args), needle)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "not.npz"]
+
+
 def test_unwritable_out(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")  # a folder cannot be created below a file, even by root
@@ -246,6 +261,8 @@ def test_a_flag_of_a_mode_that_is_off_is_refused(tmp_path):
              "--draft-len, --lookup-len only apply with --speculative: add --speculative, or leave them out"),
             ("hrm_edge.complete", ("--top-k", "5", "--seed", "7", "def "),  # greedy (the default --temperature 0)
              "--top-k, --seed apply only when sampling: add --temperature T > 0, or leave them out"),
+            ("hrm_edge.complete", ("--adaptive", "--exit-threshold", "0.5", "def "),  # 0.5 ran, --adaptive unsaid
+             "--adaptive is --exit-threshold 0.8: give one of the two"),
             ("hrm_edge.evaluate", ("hrm_edge/default_model", "--keyboard-chars", "100", "--ngram", tmp_path / "n"),
              "--keyboard-chars, --ngram only apply with --keyboard"),
             ("hrm_edge.evaluate", ("hrm_edge/default_model", "--depth-curve", "--keyboard-sample", "start"),
@@ -310,7 +327,8 @@ COMMANDS = {
                  "--exit-threshold --adaptive --verbose"),
     "demo": ("hrm_edge.app.demo", "--host --port --no-verify --quiet --verbose --keyboard-bench --keyboard-chars "
                                    "--keyboard-sample --keyboard-text --keyboard-model --keyboard-threads "
-                                   "--keyboard-full-depth --keyboard-interval --keyboard-cpu-slowdown"),
+                                   "--keyboard-full-depth --keyboard-interval --keyboard-cpu-slowdown "
+                                   "--keyboard-profile"),
     "bench": ("hrm_edge.measure.bench", "--threads --seq-len --repeats --prompt-len --new-tokens --no-baseline --peers "
               "--rounds --lookup-len --no-weight-cache --json --no-verify --verbose"),
     "peers": ("hrm_edge.measure.peers", "--out --shape --build-only --threads --prompt-len --new-tokens --repeats "
@@ -393,3 +411,12 @@ def test_a_value_out_of_range_is_named_with_its_flag():
             (peers.main, ["--out", "x", "--repeats", "0"], "--repeats must be >= 1, not 0")]:
         with pytest.raises(UserError, match="^" + re.escape(line) + "$"):
             main(argv)
+
+
+def test_a_full_disk_is_one_error_line():
+    """stdout redirected to a full file system (/dev/full) was an OSError traceback; now one line and exit code 1
+    (the same for any write that finds the disk full)."""
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "hrm_edge.sysdeps", "--check"], stdout=full, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 1 and proc.stderr == "error: No space left on device (writing the output)\n", proc.stderr

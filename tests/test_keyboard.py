@@ -6,6 +6,7 @@ floats and must agree on every chip (probabilities within 1e-9 relative: softmax
 import json
 import shutil
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from conftest import REPO
 from test_android_core import classes, java, typed_code  # noqa: F401  (classes: the compiled Java core, a fixture)
 from test_demo import DemoServer
+from hrm_edge.app.keyboard import PROFILE_PARTS, profile_parts
 from hrm_edge.runtime.suggest import (BRANCHES, CANDIDATES, MAX_EXTRA_TOKENS, TYPED_LINES, TYPED_SHARE, TypedContext,
                                       Word, context_window, decide, first_decision, first_tokens, healed, healed_start,
                                       FOLLOW_SHARE, is_word_char, keyboard_metrics, link, prefix_probability,
@@ -778,12 +780,32 @@ def python_chips(path, tokenizer, text: str, every: int) -> dict:
             for i in range(every, len(text), every)}
 
 
+def test_profile_parts_sum_the_samples_by_function_and_wasm_as_one():
+    """A made-up Chromium profile: each sample lasts until the next (timeDeltas in us), idle time is left out,
+    onnxruntime's unnamed WASM functions are one part, a JS function is named with its file and line (1-based), and
+    past PROFILE_PARTS parts the rest is one."""
+    def node(i, name, url, line=0):
+        return {"id": i, "callFrame": {"functionName": name, "url": url, "lineNumber": line}}
+
+    nodes = [node(1, "(idle)", ""), node(2, "wasm-function[7]", "http://x/ort-wasm-simd-threaded.wasm"),
+             node(3, "wasm-function[9]", "http://x/ort-wasm-simd-threaded.wasm"),
+             node(4, "probabilities", "http://x/app/js/suggest.mjs", 161), node(5, "(garbage collector)", "")]
+    profile = {"nodes": nodes, "samples": [1, 2, 3, 4, 2, 5], "timeDeltas": [0, 5000, 2000, 1000, 500, 3000]}
+    # sample k lasts timeDeltas[k + 1]: idle 5 ms, WASM 2 + 1 + 3 ms, probabilities 0.5 ms, the last sample 0
+    assert profile_parts(profile) == [("onnxruntime-web's WASM (its kernels)", 6.0), ("probabilities (suggest.mjs:162)",
+                                                                                      0.5)]
+    many = {"nodes": [node(i, f"f{i}", "http://x/a.mjs", i) for i in range(1, PROFILE_PARTS + 3)],
+            "samples": list(range(1, PROFILE_PARTS + 3)) + [1], "timeDeltas": [0] + [1000] * (PROFILE_PARTS + 2)}
+    parts = profile_parts(many)
+    assert len(parts) == PROFILE_PARTS + 1 and parts[-1] == ("the rest", 2.0) and sum(ms for _, ms in parts) == 14.0
+
+
 @pytest.mark.slow
 def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
     """The page's suggestWords typing code at a phone viewport: whole words only, Python onnxruntime's chips on the
     same graphs, and the figures (printed; speed goals are not asserted here, only that Chromium's CPU throttling
     takes effect, with a wide margin: 8x must slow the typing more than 4x)."""
-    from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_text
+    from hrm_edge.app.keyboard import BenchSettings, browser_keyboard_bench, heldout_text
     from hrm_edge.app.shared_weights import page_form
     from hrm_edge.errors import UserError
 
@@ -791,19 +813,19 @@ def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
         text = heldout_text(600)
     except UserError:
         text = FALLBACK_TEXT
-    server = DemoServer(default_export)
+    server, on_fp32 = DemoServer(default_export), BenchSettings(model="hrm.fp32.kv.onnx")
     try:
         r = browser_keyboard_bench(server.url, [text])  # the page's default program: int8-nbits
-        int8 = browser_keyboard_bench(server.url, [text], model="hrm.int8-static-perstep.kv.onnx")
-        fp32 = browser_keyboard_bench(server.url, [text[:60], text[60:100]], model="hrm.fp32.kv.onnx")
+        int8 = browser_keyboard_bench(server.url, [text], BenchSettings(model="hrm.int8-static-perstep.kv.onnx"))
+        fp32 = browser_keyboard_bench(server.url, [text[:60], text[60:100]], replace(on_fp32, profile=True))
         # a key every 100 ms, the page's lookahead computing the likeliest next keys' chips in between
-        ahead = browser_keyboard_bench(server.url, [text[:60]], model="hrm.fp32.kv.onnx", interval_ms=100)
+        ahead = browser_keyboard_bench(server.url, [text[:60]], replace(on_fp32, interval_ms=100))
         # a key is a code point, as Python's keyboard_metrics counts them (the bench typed UTF-16 units: a letter
         # outside the BMP was two keys, half of it a lone surrogate, and every chip after it was one place off)
-        astral = browser_keyboard_bench(server.url, [ASTRAL_TEXT], model="hrm.fp32.kv.onnx")
+        astral = browser_keyboard_bench(server.url, [ASTRAL_TEXT], on_fp32)
         # Chromium's CPU throttling, 8x, against the same typing unslowed
-        quick = browser_keyboard_bench(server.url, [text[:60]], model="hrm.fp32.kv.onnx")
-        slowed = browser_keyboard_bench(server.url, [text[:60]], model="hrm.fp32.kv.onnx", cpu_slowdown=8)
+        quick = browser_keyboard_bench(server.url, [text[:60]], on_fp32)
+        slowed = browser_keyboard_bench(server.url, [text[:60]], replace(on_fp32, cpu_slowdown=8))
     finally:
         server.close()
     print({k: r[k] for k in ("model", "characters", "median_ms", "p90_ms", "top3_word_accuracy", "keystroke_savings")})
@@ -823,6 +845,10 @@ def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
             assert [w[:2] for w in page] == [w[:2] for w in words], (piece[:i], page, words)
             assert all(abs(a[2] - b[2]) <= 1e-4 * b[2] for a, b in zip(page, words)), (piece[:i], page, words)
     assert fp32["texts"] == 2 and fp32["characters"] == 100
+    # the profiled run: the page's own functions and onnxruntime's kernels among the parts, the rest unprofiled
+    parts = dict(fp32["profile"])
+    assert "onnxruntime-web's WASM (its kernels)" in parts and any("suggest.mjs:" in part for part in parts), parts
+    assert all(r["profile"] is None for r in (r, int8, ahead, astral, quick, slowed))
     assert len(astral["chips"][0]) == len(ASTRAL_TEXT) == astral["characters"]
     # the same chips, each keystroke slower (4x slowed the bench 4.2-4.5x on 2026-12-05: 4 of 8 leaves a wide margin)
     assert slowed["chips"] == quick["chips"] and (slowed["cpu_slowdown"], quick["cpu_slowdown"]) == (8, 1)

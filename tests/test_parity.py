@@ -4,6 +4,7 @@ hand-built ONNX graph (no export, no torch)."""
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -170,6 +171,19 @@ def test_artifact_rejects_unknown_or_missing_fields():
         Artifact.from_json(ENTRIES[0] | {"colour": "red"})
     with pytest.raises(UserError, match="missing field.*sha256"):
         Artifact.from_json({k: v for k, v in ENTRIES[0].items() if k != "sha256"})
+
+
+def test_artifact_rejects_fields_of_the_wrong_type():
+    """A hand-edited manifest (`"parity": "yes"`, `"precision": 5`) was a traceback in whichever reader touched the
+    field first (complete, bench, parity); now one line naming the field. Optional fields may be null, the first six
+    may not."""
+    for change, needle in [({"parity": "yes"}, "parity (str, not dict)"), ({"precision": 5}, "precision (int, not str)"),
+                           ({"parity": {"x86_64": "passed"}}, "parity (a value not a dict"),
+                           ({"bytes": True}, "bytes (bool, not int)"), ({"quantization": "nbits"}, "quantization (str"),
+                           ({"program": None}, "program (NoneType, not str)")]:
+        with pytest.raises(UserError, match=re.escape(needle)):
+            Artifact.from_json(ENTRIES[0] | change)
+    assert Artifact.from_json(ENTRIES[0] | {"cycles": None, "bytes": None}).cycles is None
 
 
 def test_manifest_round_trips_through_its_file(tmp_path):

@@ -101,6 +101,15 @@ def test_study_refuses_an_existing_study_without_resume(tmp_path):
     assert_user_error(run_module("hrm_edge.study", "--out", out), "already holds a study", "--resume")
 
 
+def test_study_refuses_a_folder_of_other_files(tmp_path):
+    """`--out` an export folder: the study would have mixed its 13 model folders and its config into it."""
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    assert_user_error(run_module("hrm_edge.study", "--out", out), "holds other files than a study's (manifest.json)")
+    assert [p.name for p in out.iterdir()] == ["manifest.json"]
+
+
 def test_study_unknown_model(tmp_path):
     assert_user_error(run_module("hrm_edge.study", "--out", tmp_path / "s", "--only", "hrm,nope"),
                       "unknown model", "nope")
@@ -138,15 +147,18 @@ def test_study_names_the_setup_that_differs(tmp_path):
 
 
 def test_study_with_a_missing_corpus_makes_nothing(tmp_path, monkeypatch):
-    """The corpus is checked before the study folder (and its study_config.json) is made; a corpus found empty
-    only when read leaves a config but no model, and the same command with the corpus fixed replaces it."""
+    """The corpus is checked before the study folder is made; a corpus found empty only when read (by the first
+    model's training) removes the new folder and its study_config.json. A folder that a run stopped so left with its
+    config alone (before 2026-12-06) is taken by the fixed command, its config replaced."""
     out = tmp_path / "study"
     assert_user_error(run_module("hrm_edge.study", "--out", out, "--corpus", tmp_path / "nope"), "corpus not found")
     assert not out.exists()
     (tmp_path / "blank").mkdir()
     (tmp_path / "blank" / "a.py").write_text("\n")
     assert_user_error(run_module("hrm_edge.study", "--out", out, "--corpus", tmp_path / "blank"), "empty")
-    assert json.loads((out / "study_config.json").read_text())["budget"]["data"]["corpus"] == str(tmp_path / "blank")
+    assert not out.exists()
+    out.mkdir()
+    (out / "study_config.json").write_text(json.dumps({"budget": {"data": {"corpus": str(tmp_path / "blank")}}}))
     # the fixed command (the budget's own corpus) takes the folder: its config replaces the stopped run's, and the
     # first model would train (here a scripted stop instead)
     class Trains(Exception):

@@ -251,10 +251,12 @@ def main(argv=None) -> int:
     if a.temperature == 0:  # greedy would ignore them without a word
         refuse_flags(sampling_flags, ("applies only when sampling", "apply only when sampling"),
                      "add --temperature T > 0, or ")
+    if a.adaptive and a.exit_threshold is not None:  # one threshold: --adaptive is --exit-threshold's default
+        raise UserError(f"--adaptive is --exit-threshold {DEFAULT_EXIT_THRESHOLD:g}: give one of the two")
     prompt = read_prompt(a.prompt)
     manifest = read_manifest(a.artifacts, needs=("model", "tokenizer"))
     t_verify = time.perf_counter()
-    if a.adaptive and a.exit_threshold is None:
+    if a.adaptive:
         a.exit_threshold = DEFAULT_EXIT_THRESHOLD
     if a.exit_threshold is not None and (a.speculative or not a.exit_threshold >= 0):
         raise UserError("--exit-threshold (--adaptive) must be >= 0, without --speculative")

@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from hrm_edge.app.keyboard import browser_keyboard_bench, heldout_pieces, heldout_text
+from hrm_edge.app.keyboard import BenchSettings, browser_keyboard_bench, heldout_pieces, heldout_text
 from hrm_edge.app.shared_weights import EXTERNAL_MIN_BYTES, share_weights, weights_name
 from hrm_edge.errors import ArgumentParser, UserError, run_cli
 from hrm_edge.io import path_arg, refuse_out_of_range, refuse_unused, sha256_file
@@ -428,11 +428,14 @@ def main(argv=None) -> int:
                         "throttling (DevTools' setting; Lighthouse's mobile runs use 4): an estimate of a slower CPU "
                         "such as a phone's, not a measurement of one; only with one WASM thread, so not with "
                         "--keyboard-threads (default 1: not slowed)")
+    p.add_argument("--keyboard-profile", action="store_true",
+                   help="--keyboard-bench: run Chromium's sampling profiler over the typing and print where the "
+                        "page's time went: its JS functions, onnxruntime-web's WASM kernels, the browser's own work")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
     refuse_unused(p, a, ("--keyboard-chars", "--keyboard-sample", "--keyboard-text", "--keyboard-model",
                          "--keyboard-threads", "--keyboard-full-depth", "--keyboard-interval",
-                         "--keyboard-cpu-slowdown"), "--keyboard-bench")
+                         "--keyboard-cpu-slowdown", "--keyboard-profile"), "--keyboard-bench")
     refuse_bad_values(a)
     manifest = read_manifest(a.dir)
     routes, config = export_routes(a.dir, manifest, verify=not a.no_verify)
@@ -464,7 +467,8 @@ def main(argv=None) -> int:
 def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     """--keyboard-bench: the page's default program typing held-out code (or --keyboard-text)."""
     if a.keyboard_text is not None and not a.keyboard_text.is_file():
-        raise UserError(f"--keyboard-text file not found: {a.keyboard_text}")
+        raise UserError(f"--keyboard-text {a.keyboard_text} is a folder, not a text file" if a.keyboard_text.is_dir()
+                        else f"--keyboard-text file not found: {a.keyboard_text}")
     if a.keyboard_text is not None and a.keyboard_sample == "spread":
         raise UserError("--keyboard-sample spread samples the held-out projects: leave it out with --keyboard-text")
     if a.keyboard_text is not None:
@@ -480,9 +484,9 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     try:
-        r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", texts, a.keyboard_model,
-                                   a.keyboard_threads, draft=not a.keyboard_full_depth,
-                                   interval_ms=a.keyboard_interval, cpu_slowdown=a.keyboard_cpu_slowdown)
+        settings = BenchSettings(a.keyboard_model, a.keyboard_threads, not a.keyboard_full_depth,
+                                 a.keyboard_interval, a.keyboard_cpu_slowdown, a.keyboard_profile)
+        r = browser_keyboard_bench(f"http://127.0.0.1:{server.server_address[1]}/", texts, settings)
     finally:
         server.shutdown()
         server.server_close()
@@ -512,4 +516,10 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     print(f"  a call, median (how many): KV graph {kv}" + (f"; {extension} {rows}" if rows else ""))
     print(f"top-3 next-word accuracy at {r['word_starts']} word starts: {r['top3_word_accuracy']:.1%}; keystroke "
           f"savings {r['keystroke_savings']:.1%}; partial-word chips: {r['partial_chips']}")
+    if r["profile"]:
+        total = sum(ms for _, ms in r["profile"])
+        print(f"where the page's time went (Chromium's sampling profiler, {total:.0f} ms sampled, idle left out; "
+              f"profiled, so the times above are a little slower than the bench's):")
+        for part, ms in r["profile"]:
+            print(f"  {ms / total:6.1%} {ms:8.1f} ms  {part}")
     return 0

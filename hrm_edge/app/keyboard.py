@@ -10,6 +10,8 @@ install '.[test]') and Debian's chromium.
 """
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,8 @@ CHROMIUM = "/usr/bin/chromium"
 # flags that work for Debian's chromium as root in a container (no sandbox, no GPU, no network chatter)
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
+PROFILE_INTERVAL_US = 100  # Chromium's sampling profiler: one sample every 0.1 ms
+PROFILE_PARTS = 12  # the parts profile_parts names; the rest is one line
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
 # one suggestion call per prefix of each text, in the page, each text from an empty context (the first in the page's
 # own); each call's words as [label, insert, probability, ending]. interval > 0: a typist's keys, one every interval
@@ -113,21 +117,34 @@ def heldout_pieces(chars: int) -> list[str]:
     return [piece for name in sorted(projects) for piece in spread_texts([t for _, t in projects[name]], chars)]
 
 
-def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None, threads: int = 1,
-                           draft: bool = True, interval_ms: float = 0, cpu_slowdown: float = 1) -> dict:
-    """Type each of `texts` (from an empty context) in the page served at `url` (its default program, or `model`: an
-    artifact id such as hrm.fp32.kv.onnx) on `threads` WASM threads, the chains on the branch (else draft) graph where
-    the export has one (draft False: on the full depth), and return keyboard_metrics over all texts plus median_ms /
-    p90_ms / p99_ms / max_ms per keystroke, where the time went (time_split, call_costs), the chips after each prefix
-    of each text, the program, what extended the words (extender: "branch", "draft" or "full depth"), the threads and
-    the browser. interval_ms > 0: a key every interval_ms, the page's lookahead computing ahead in between (ahead: the
-    share of keys it had computed, ahead_calls: its other graph calls a key); 0: a key as soon as the last is done.
-    load_ms: how long the program took to load (its sessions made and run once; None if the page did not say).
-    cpu_slowdown > 1: Chromium's CPU throttling slows the page's main thread that many times from before the page
-    loads (DevTools' setting, Emulation.setCPUThrottlingRate): an estimate of a slower CPU, such as a phone's, not a
-    measurement of one; onnxruntime-web's worker threads are not slowed, so it is for one WASM thread."""
+@dataclass(frozen=True)
+class BenchSettings:
+    """How browser_keyboard_bench types. model: another of the page's programs (an artifact id such as
+    hrm.fp32.kv.onnx; None: its default). threads: WASM threads. draft: the chains on the branch (else draft) graph
+    where the export has one (False: on the full depth). interval_ms > 0: a key every interval_ms, the page's
+    lookahead computing ahead in between; 0: a key as soon as the last is done. cpu_slowdown > 1: Chromium's CPU
+    throttling slows the page's main thread that many times from before the page loads (DevTools' setting,
+    Emulation.setCPUThrottlingRate): an estimate of a slower CPU, such as a phone's, not a measurement of one;
+    onnxruntime-web's worker threads are not slowed, so it is for one WASM thread. profile: Chromium's sampling
+    profiler runs over the typing (profile_parts; it slows the page a little, so its times are not the bench's)."""
+    model: str | None = None
+    threads: int = 1
+    draft: bool = True
+    interval_ms: float = 0
+    cpu_slowdown: float = 1
+    profile: bool = False
+
+
+def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings = BenchSettings()) -> dict:
+    """Type each of `texts` (from an empty context) in the page served at `url` as `settings` say, and return
+    keyboard_metrics over all texts plus median_ms / p90_ms / p99_ms / max_ms per keystroke, where the time went
+    (time_split, call_costs), the chips after each prefix of each text, the program, what extended the words
+    (extender: "branch", "draft" or "full depth"), the threads and the browser. With an interval: ahead, the share of
+    keys the lookahead had computed, and ahead_calls, its other graph calls a key. load_ms: how long the program took
+    to load (its sessions made and run once; None if the page did not say). profile: profile_parts of the typing
+    (None unless settings.profile)."""
     try:
-        from playwright.sync_api import TimeoutError as PlaywrightTimeout, sync_playwright
+        from playwright.sync_api import Error as PlaywrightError, TimeoutError as PlaywrightTimeout, sync_playwright
     except ImportError:
         raise UserError("the keyboard bench drives a browser with playwright: pip install '.[test]'") from None
     if not Path(CHROMIUM).is_file():
@@ -135,9 +152,10 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(**PHONE)
-        if cpu_slowdown != 1:
-            page.context.new_cdp_session(page).send("Emulation.setCPUThrottlingRate", {"rate": cpu_slowdown})
-        page.goto(url + f"?threads={threads}" + ("" if draft else "&draft=0"))
+        cdp = page.context.new_cdp_session(page)
+        if settings.cpu_slowdown != 1:
+            cdp.send("Emulation.setCPUThrottlingRate", {"rate": settings.cpu_slowdown})
+        page.goto(url + f"?threads={settings.threads}" + ("" if settings.draft else "&draft=0"))
         try:
             page.wait_for_function("(s => s.dataset.ready === '1' || s.classList.contains('error'))"
                                    "(document.getElementById('status'))", timeout=120_000)
@@ -145,7 +163,17 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
             raise UserError(f"the page did not load its program in 120 s ({page.inner_text('#status')})") from None
         if page.get_attribute("#status", "data-ready") != "1":
             raise UserError(f"the page could not load its program: {page.inner_text('#status')}")
-        out = page.evaluate(TYPE_IN_PAGE, {"texts": texts, "model": model, "draft": draft, "interval": interval_ms})
+        if settings.profile:
+            cdp.send("Profiler.enable")
+            cdp.send("Profiler.setSamplingInterval", {"interval": PROFILE_INTERVAL_US})
+            cdp.send("Profiler.start")
+        try:
+            out = page.evaluate(TYPE_IN_PAGE, {"texts": texts, "model": settings.model, "draft": settings.draft,
+                                               "interval": settings.interval_ms})
+        except PlaywrightError as e:  # --keyboard-model's program is loaded here: a damaged one cannot be
+            program = settings.model or "the page's program"
+            raise UserError(f"the page could not type with {program}: {e.message.splitlines()[0]}") from None
+        profile = profile_parts(cdp.send("Profiler.stop")["profile"]) if settings.profile else None
         browser.close()
     steps = [s for typed in out["typed"] for s in typed[1:]]  # every keystroke of every text
     ms = np.array([s["ms"] for s in steps])
@@ -156,9 +184,32 @@ def browser_keyboard_bench(url: str, texts: list[str], model: str | None = None,
             "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
             "time": time_split(ms, np.array([runs_of(c) for c in calls])), "calls": call_costs(calls),
             "browser": out["userAgent"], "model": out["model"], "extender": out["extender"], "threads": out["threads"],
-            "texts": len(texts), "chips": chips, "interval_ms": interval_ms,
+            "texts": len(texts), "chips": chips, "interval_ms": settings.interval_ms,
             "ahead": float(np.mean([s["ahead"] for s in steps])), "ahead_calls": out["aheadCalls"] / len(steps),
-            "load_ms": out["loadMs"], "cpu_slowdown": cpu_slowdown}
+            "load_ms": out["loadMs"], "cpu_slowdown": settings.cpu_slowdown, "profile": profile}
+
+
+def profile_parts(profile: dict) -> list[tuple[str, float]]:
+    """Where the sampled time went, from a Chromium CPU profile (Profiler.stop's `profile`: nodes, samples,
+    timeDeltas in us): [(part, ms)], largest first, the idle time left out. A part is a JS function with its file
+    and line (`probabilities (suggest.mjs:163)`), all of onnxruntime's WASM code as one (its functions are unnamed:
+    `onnxruntime-web's WASM (its kernels)`), or Chromium's own ((program), (garbage collector)); past PROFILE_PARTS,
+    the rest as one part."""
+    node_ms: Counter = Counter()
+    for node, delta in zip(profile["samples"], profile["timeDeltas"][1:] + [0]):  # a sample lasts until the next
+        node_ms[node] += delta / 1000
+    parts: Counter = Counter()
+    for node in profile["nodes"]:
+        frame = node["callFrame"]
+        name, file = frame["functionName"] or "(anonymous)", frame["url"].rsplit("/", 1)[-1]
+        if name == "(idle)" or node_ms[node["id"]] == 0:
+            continue
+        part = ("onnxruntime-web's WASM (its kernels)" if file.endswith(".wasm")
+                else f"{name} ({file}:{frame['lineNumber'] + 1})" if file else name)
+        parts[part] += node_ms[node["id"]]
+    ranked = parts.most_common()
+    rest = sum(ms for _, ms in ranked[PROFILE_PARTS:])
+    return ranked[:PROFILE_PARTS] + ([("the rest", rest)] if rest else [])
 
 
 def combined_metrics(metrics: list[dict]) -> dict:

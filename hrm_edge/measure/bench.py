@@ -289,9 +289,7 @@ def _full_sequence_programs(manifest: dict, baseline: dict | None) -> list[tuple
 def run_bench(out_dir: Path, threads: int = 1, seq_len: int | None = None, repeats: int = 10, log=print,
               ort_baseline: bool = True, weight_cache: bool = True, verbose: bool = False) -> dict:
     manifest = read_manifest(out_dir)
-    seq_len = seq_len or min(128, manifest["model"]["max_seq_len"])
-    if not 1 <= seq_len <= manifest["model"]["max_seq_len"]:
-        raise UserError(f"--seq-len must be in 1..{manifest['model']['max_seq_len']}")
+    seq_len = seq_len or min(128, manifest["model"]["max_seq_len"])  # in 1..max_seq_len: main checks it
     baseline = ort_dynamic_baseline(out_dir, manifest, log) if ort_baseline else None
     rows = []
     for path, fmt, precision, quantization, known in _full_sequence_programs(manifest, baseline):
@@ -489,7 +487,6 @@ def main(argv=None) -> int:
         raise UserError(f"--json {a.json} ends in .md, the name of the table written beside it; give a .json name")
     quiet_third_party(a.verbose)
     manifest = read_manifest(a.dir, needs=("model", "tokenizer", "parity_bundle"))
-    json_path = check_writable_file(a.json or a.dir / "bench.json")  # before minutes of benchmarking
     verify_files(a.dir, manifest, no_verify=a.no_verify)  # every file it loads; its children trust this check
     context = manifest["model"]["max_seq_len"]
     prompt_len = a.prompt_len if a.prompt_len is not None else min(128, context // 2)
@@ -497,6 +494,10 @@ def main(argv=None) -> int:
     if prompt_len < 1 or new_tokens < 1 or prompt_len + new_tokens > context:
         raise UserError(f"--prompt-len and --new-tokens must be >= 1 and together fit the context of "
                         f"{context} tokens")
+    if a.seq_len is not None and not 1 <= a.seq_len <= context:
+        raise UserError(f"--seq-len must be in 1..{context}")
+    # before minutes of benchmarking, after the refusals above (its folder is made here)
+    json_path = check_writable_file(a.json or a.dir / "bench.json")
     if a.peers:
         require_peer_extra()  # before minutes of benchmarking, not after
     if not a.no_weight_cache and any(art.format == "pte" for art in manifest["artifacts"]):

@@ -16,6 +16,7 @@ with up to --seq-len tokens of context), and bpb = total next-token loss in bits
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import tempfile
@@ -27,7 +28,7 @@ import numpy as np
 from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import ArgumentParser, UserError, run_cli
 from hrm_edge.io import (atomic_write_text, check_writable_dir, check_writable_file, flags_given, path_arg,
-                         refuse_flags, refuse_out_of_range, refuse_unused, sha256_file, text_arg)
+                         refuse_flags, refuse_out_of_range, refuse_unused, removed_if_failed, sha256_file, text_arg)
 from hrm_edge.measure.keyboard import KEYBOARD_CHARS, PIECE_CHARS, cut_texts, run_keyboard, spread_texts
 from hrm_edge.measure.ngram import CACHE_WEIGHT, FOLLOW_WEIGHT
 from hrm_edge.model.checkpoint import TOKENIZER, check_checkpoint, load_model
@@ -215,7 +216,13 @@ def main(argv=None) -> int:
     refuse_unread(p, a)
     refuse_out_of_range(("--max-bytes", a.max_bytes, a.max_bytes >= 1, ">= 1"),
                         ("--seq-len", a.seq_len, a.seq_len >= 2, ">= 2"), ("--samples", a.samples, a.samples >= 0, ">= 0"))
-    check_inputs(a)
+    with removed_if_failed(a.out) if a.out else contextlib.nullcontext():  # a new --out of a refused run: removed
+        check_inputs(a)
+        return run_mode(a)
+
+
+def run_mode(a: argparse.Namespace) -> int:
+    """The evaluation `a` asks for, its inputs checked: bits per byte (the default), or an "instead:" mode."""
     if a.repetition is not None:
         from hrm_edge.measure.repetition import run_repetition  # generation on top of evaluation: its own module
 

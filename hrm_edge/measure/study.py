@@ -35,7 +35,8 @@ from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig
 from hrm_edge.errors import ArgumentParser, UserError
 from hrm_edge.export.names import artifact_name
 from hrm_edge.export.pipeline import versions
-from hrm_edge.io import atomic_write_text, check_writable_dir, path_arg, sha256_file, text_arg
+from hrm_edge.io import (atomic_write_text, check_writable_dir, path_arg, refuse_out_of_range, removed_if_failed,
+                         sha256_file, some_names, text_arg)
 from hrm_edge.measure.harness import (DecodeTiming, build_unless_current, cpu_info, decode_in_child, describe_cpu,
                                       lower_kv_pte)
 from hrm_edge.quiet import quiet_third_party
@@ -431,6 +432,26 @@ class StudyOptions:
     command: str = "python -m hrm_edge.study"  # recorded in study.json
 
 
+def check_study_folder(out: Path, names: list[str], resume: bool) -> list[str]:
+    """The models of `names` that a study in `out` has started (a checkpoint) or finished (a result). Refuses a study
+    there without --resume, --resume where none has started, and a folder that holds other files than a study's (an
+    export's: the study would mix 13 model folders into it)."""
+    started = sorted({p.parent.name for pattern in (f"*/{RESULT}", f"*/{STATE}") for p in out.glob(pattern)})
+    if started and not resume:
+        raise UserError(f"{out} already holds a study ({', '.join(started)}); pass --resume to continue it, "
+                        f"or choose another --out")
+    if resume and not started:
+        raise UserError(f"--resume: {out} holds no study to continue (no model has started there); leave --resume "
+                        "out to start one")
+    own = {*names, STUDY_CONFIG, "study.json", "study.md"}
+    other = sorted(p.name for p in out.iterdir() if p.name not in own and not p.name.startswith(".")) \
+        if out.is_dir() else []
+    if other:
+        raise UserError(f"--out {out} holds other files than a study's ({some_names(other)}); run the study in a new "
+                        "or empty folder")
+    return started
+
+
 def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=print) -> dict:
     o = options or StudyOptions()
     only, resume, threads, progress = o.only, o.resume, o.threads, o.progress
@@ -442,15 +463,8 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
         unknown = [n for n in only if n not in names]
         if unknown:
             raise UserError(f"--only: unknown model(s) {', '.join(unknown)}; known: {', '.join(names)}")
-    # a study is there once a model has started training (a checkpoint) or finished (a result)
-    started = sorted({p.parent.name for pattern in (f"*/{RESULT}", f"*/{STATE}") for p in Path(out).glob(pattern)})
-    if started and not resume:
-        raise UserError(f"{out} already holds a study ({', '.join(started)}); pass --resume to continue it, "
-                        f"or choose another --out")
-    if resume and not started:
-        raise UserError(f"--resume: {out} holds no study to continue (no model has started there); leave --resume "
-                        "out to start one")
-    out = check_writable_dir(out)
+    out = Path(out)
+    started = check_study_folder(out, names, resume)
     config = {"budget": _jsonable(b)}
     # the setup of a study that has started a model is kept; a run that stopped before (a corpus that turned out
     # empty) leaves nothing to keep, and its config is replaced
@@ -458,7 +472,6 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
         key, had, want = first_difference(_read_json(out / STUDY_CONFIG), config)
         raise UserError(f"{out} holds a study with another setup ({key}: {had!r} there, {want!r} now); "
                         f"choose another --out")
-    atomic_write_text(out / STUDY_CONFIG, json.dumps(config, indent=2) + "\n")
     if not o.train_only:  # imported now, not when first needed an hour later: a long run uses the code it started with
         import hrm_edge.export.executorch  # noqa: F401
         import hrm_edge.export.quantize  # noqa: F401
@@ -466,10 +479,13 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
     selected = [e for e in entries if not only or e.name in only]
 
     done = {}
-    for i, e in enumerate(selected):
-        log(f"[study] model {i + 1}/{len(selected)}: {e.name} ({e.tests})")
-        done[e.name] = train_entry(b, e, out, resume, threads, progress, log)
-        check_same_setup(list(done.values()))  # fail at the first odd one out, not after an hour
+    with removed_if_failed(out, setup=(STUDY_CONFIG,)):  # a new folder of a study refused before any model started
+        out = check_writable_dir(out)
+        atomic_write_text(out / STUDY_CONFIG, json.dumps(config, indent=2) + "\n")
+        for i, e in enumerate(selected):
+            log(f"[study] model {i + 1}/{len(selected)}: {e.name} ({e.tests})")
+            done[e.name] = train_entry(b, e, out, resume, threads, progress, log)
+            check_same_setup(list(done.values()))  # fail at the first odd one out, not after an hour
     # the table holds every model of this study that has a result: earlier --only runs included
     results = [_read_json(out / e.name / RESULT) for e in entries if (out / e.name / RESULT).is_file()]
     check_same_setup(results)
@@ -532,8 +548,8 @@ def main(argv=None) -> int:
     p.add_argument("--verbose", action="store_true", help="show the export stack's and runtimes' own log lines")
     a = p.parse_args(argv)
     quiet_third_party(a.verbose)
-    if not 0 <= a.threads <= 256 or not 1 <= a.decode_threads <= 256:
-        raise UserError("--threads must be in 0..256 and --decode-threads in 1..256")
+    refuse_out_of_range(("--threads", a.threads, 0 <= a.threads <= 256, "in 0..256"),
+                        ("--decode-threads", a.decode_threads, 1 <= a.decode_threads <= 256, "in 1..256"))
     if a.train_only and (a.decode_ablations or a.decode_threads != 1):  # they would be ignored without a word
         raise UserError("--decode-ablations and --decode-threads shape the decode measurement, which --train-only "
                         "leaves to a later run with --resume: give them to that run")

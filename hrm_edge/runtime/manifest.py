@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,13 @@ class Artifact:
             raise UserError(f"manifest artifact {entry.get('path', '?')!r}: "
                             + (f"unknown field(s) {', '.join(unknown)}" if unknown else
                                f"missing field(s) {', '.join(missing)}"))
+        wrong = [f"{k} ({type(v).__name__}, not {FIELD_TYPES[k].__name__})" for k, v in entry.items()
+                 if not (v is None and k not in names[:6] or _of_type(v, FIELD_TYPES[k]))]
+        wrong += [f"{k} (a value not a dict: {{target: {{...}}}})" for k in ("parity", "targets")
+                  if isinstance(entry.get(k), dict) and not all(isinstance(r, dict) for r in entry[k].values())]
+        if wrong:  # a hand-edited manifest: one line, not a readers' traceback far from the cause
+            raise UserError(f"manifest artifact {entry.get('path', '?')!r}: field(s) of the wrong type: "
+                            + ", ".join(wrong))
         return cls(**entry)
 
     def passed_gate(self) -> bool:
@@ -94,6 +102,15 @@ class Artifact:
         """An empty {CPU model: result} table for `target` (replacing an earlier run's), to be filled."""
         self.targets = (self.targets or {}) | {target: {}}
         return self.targets[target]
+
+
+# each field's type in the JSON (str, int or dict; the optional ones may also be null)
+FIELD_TYPES = {name: next(t for t in typing.get_args(hint) or (hint,) if t is not type(None))
+               for name, hint in typing.get_type_hints(Artifact).items()}
+
+
+def _of_type(value, kind: type) -> bool:
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
 
 
 def manifest_json(manifest: dict) -> str:

@@ -39,8 +39,8 @@ from hrm_edge.train.dataset import (Corpus, check_corpus, encode_documents, fixe
                                     token_byte_lengths)
 from hrm_edge.train.halting import train_halting_head
 from hrm_edge.errors import ArgumentParser, UserError
-from hrm_edge.io import (atomic_write_text, check_writable_dir, path_arg, refuse_flags, removed_if_failed, some_names,
-                         text_arg)
+from hrm_edge.io import (atomic_write_text, check_writable_dir, path_arg, refuse_flags, refuse_out_of_range,
+                         removed_if_failed, some_names, text_arg)
 from hrm_edge.model.lm import HRMLM, parameter_counts
 from hrm_edge.train.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 
@@ -499,8 +499,8 @@ def main(argv=None) -> int:
                         "model (training split of --corpus, default the checkpoint's own corpus) and write "
                         "CHECKPOINT/halting.safetensors (hrm_edge.train.halting)")
     a = p.parse_args(argv)
-    if (a.threads is not None and not 0 <= a.threads <= 256) or (a.seed is not None and not 0 <= a.seed < 2**32):
-        raise UserError("--threads must be in 0..256 and --seed in 0..4294967295")
+    refuse_out_of_range(("--threads", a.threads, a.threads is None or 0 <= a.threads <= 256, "in 0..256"),
+                        ("--seed", a.seed, a.seed is None or 0 <= a.seed < 2**32, "in 0..4294967295"))
     if a.halting_head:
         training = (("--preset", a.preset != p.get_default("preset")), ("--out", a.out is not None),
                     ("--steps", a.steps is not None), ("--resume", a.resume), ("--speed-test", a.speed_test))
