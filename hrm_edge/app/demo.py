@@ -519,7 +519,7 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     if r["profile"]:
         total = sum(ms for _, ms in r["profile"])
         print(f"where the page's time went (Chromium's sampling profiler, {total:.0f} ms sampled, idle left out; "
-              f"profiled, so the times above are a little slower than the bench's):")
+              f"the profiler's own cost makes the times above slower than an unprofiled bench's):")
         for part, ms in r["profile"]:
             print(f"  {ms / total:6.1%} {ms:8.1f} ms  {part}")
     return 0

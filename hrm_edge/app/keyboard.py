@@ -126,7 +126,8 @@ class BenchSettings:
     throttling slows the page's main thread that many times from before the page loads (DevTools' setting,
     Emulation.setCPUThrottlingRate): an estimate of a slower CPU, such as a phone's, not a measurement of one;
     onnxruntime-web's worker threads are not slowed, so it is for one WASM thread. profile: Chromium's sampling
-    profiler runs over the typing (profile_parts; it slows the page a little, so its times are not the bench's)."""
+    profiler runs over the typing (profile_parts; it slows the page, by a third on 2026-12-06: its times are not
+    the bench's)."""
     model: str | None = None
     threads: int = 1
     draft: bool = True
