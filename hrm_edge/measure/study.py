@@ -444,8 +444,8 @@ def check_study_folder(out: Path, names: list[str], resume: bool) -> list[str]:
         raise UserError(f"--resume: {out} holds no study to continue (no model has started there); leave --resume "
                         "out to start one")
     own = {*names, STUDY_CONFIG, "study.json", "study.md"}
-    other = sorted(p.name for p in out.iterdir() if p.name not in own and not p.name.startswith(".")) \
-        if out.is_dir() else []
+    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    other = [name for name in entries if name not in own and not name.startswith(".")]
     if other:
         raise UserError(f"--out {out} holds other files than a study's ({some_names(other)}); run the study in a new "
                         "or empty folder")
