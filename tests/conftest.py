@@ -5,10 +5,15 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
+import onnx
 import pytest
+
+from hrm_edge.io import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -95,8 +100,6 @@ def tiny_export(tmp_path_factory):
 @pytest.fixture
 def text_corpus(tmp_path):
     """A small UTF-8 corpus folder: enough documents for every split."""
-    import sysconfig
-
     root = Path(sysconfig.get_paths()["stdlib"])
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -109,13 +112,6 @@ def text_corpus(tmp_path):
 def perturbed_copy(export_dir: Path, dest: Path, name: str = "hrm.fp32.onnx") -> Path:
     """A copy of an export folder in which ONNX artifact `name` has its embedding table perturbed (0.01 x
     N(0, 1)) and its sha256 and size fixed up in the manifest: it must fail parity on numbers, not sha256."""
-    import shutil
-
-    import numpy as np
-    import onnx
-
-    from hrm_edge.io import sha256_file
-
     shutil.copytree(export_dir, dest)
     path = dest / name
     model = onnx.load(str(path))

@@ -14,6 +14,8 @@ from conftest import REPO
 from hrm_edge.app.complete import main as complete_main
 from hrm_edge.config import ModelConfig
 from hrm_edge.errors import UserError
+from hrm_edge.export.executorch import ExecuTorchKVCache
+from hrm_edge.export.onnx import export_onnx_decode, export_onnx_draft, export_onnx_verify
 from hrm_edge.measure.adaptive import MAX_BPB_RATIO, THRESHOLDS, CurvePoint, depth_curve, pick_default, render_curve
 from hrm_edge.measure.evaluate import ProjectText, project_bits
 from hrm_edge.model.checkpoint import HALTING, TOKENIZER, load_halting_head, load_model, save_model
@@ -261,8 +263,6 @@ def onnx_model(seed: int, H: int, L: int) -> HRMLM:
 
 def onnx_set(folder, model):
     """The model's KV, draft and verify graphs (hrm.fp32.{kv,draft,verify}.onnx) in folder."""
-    from hrm_edge.export.onnx import export_onnx_decode, export_onnx_draft, export_onnx_verify
-
     return (export_onnx_decode(model, folder / "hrm.fp32.kv.onnx"), export_onnx_draft(model, folder / "hrm.fp32.draft.onnx"),
             export_onnx_verify(model, folder / "hrm.fp32.verify.onnx"))
 
@@ -350,8 +350,6 @@ def test_onnx_skip_fills_the_slots_as_copy_first_cycle(onnx_adaptive):
 def test_executorch_cache_copy_first_cycle_equals_kv_cache():
     """ExecuTorchKVCache.copy_first_cycle (narrow + llama::update_cache, layout [B, L, H, hd]) moves what
     KVCache.copy_first_cycle moves ([B, H, L, hd])."""
-    from hrm_edge.export.executorch import ExecuTorchKVCache
-
     cfg = tiny_model(0, H=3, L=1).cfg
     et, kv = ExecuTorchKVCache(cfg, cfg.n_steps), KVCache(cfg)
     torch.manual_seed(6)

@@ -7,13 +7,22 @@ import re
 import shutil
 import string
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import REPO
+from hrm_edge.io import sha256_file
+from hrm_edge.runtime.decoders import Sampling, StepDecoder, generate
+from hrm_edge.runtime.healing import heal_prompt, prompt_end, token_bytes
+from hrm_edge.train.tokenizer import eos_id, load_tokenizer
+from hrm_edge.verify.parity import load_bundle
 from hrm_edge.verify.web_bundle import check_web_bundle, kv_logits, read_web_bundle, write_web_bundle
+from test_cli_errors import assert_user_error
+from test_demo import edit_manifest, fake_export
+from test_healing import check_client_healing, healing_cases
 from test_web_bundle import synthetic_export
 
 APP = REPO / "android_demo" / "app" / "src"
@@ -99,8 +108,6 @@ def test_java_metrics_equal_hrm_edge_parity(classes, tmp_path, precision):
 def test_java_tokenizer_equals_python_tokenizers(classes, tmp_path):
     """The shipped model's tokenizer.json: the same ids as HF tokenizers, and the same decoded text, long words
     included."""
-    from hrm_edge.train.tokenizer import load_tokenizer
-
     path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
     texts = [(REPO / "hrm_edge" / "runtime" / "decoders.py").read_text()[:3000], "import os\ndef ", "x = 'it''s'  \n\n\t  y",
              "naïve café — 日本語 😀 1234567 3.14", "<|bos|>start<|eos|>", "    return self._cache[key]  # héllo\r\n",
@@ -121,9 +128,6 @@ def test_java_tokenizer_equals_python_tokenizers(classes, tmp_path):
 def test_java_decodes_invalid_utf8_like_python(classes, tmp_path):
     """ByteLevelBpe.decode on byte tokens in any order (a model may emit them so): the same U+FFFD as HF tokenizers
     (one per maximal invalid subpart; the JDK's own decoder gives one for an encoded surrogate, Python three)."""
-    from hrm_edge.runtime.healing import token_bytes
-    from hrm_edge.train.tokenizer import load_tokenizer
-
     path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
     tok = load_tokenizer(path)
     byte_id = {b[0]: i for i, b in enumerate(token_bytes(tok)) if len(b) == 1}
@@ -157,8 +161,6 @@ def typed_code(chars: int, backspaces: int) -> tuple[str, list[str]]:
 def test_java_encodes_the_end_of_a_typed_text(classes, tmp_path):
     """WordSuggester.KeptStartEncoder (the page's keptStartEncoder): code typed a key at a time, deleted and edited
     gives the ids of encoding each whole text, while it keeps a start of the text."""
-    from hrm_edge.train.tokenizer import load_tokenizer
-
     path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
     code, typed = typed_code(1200, 149)
     (tmp_path / "texts.json").write_text(json.dumps(typed))
@@ -175,10 +177,6 @@ def test_java_encodes_the_end_of_a_typed_text(classes, tmp_path):
 def test_java_heals_and_penalises_like_python(classes, tmp_path):
     """TokenHealing and Sampling.penalizeRepetition on the shipped tokenizer: the same healed context, allowed first
     tokens and penalised logits (bit for bit) as hrm_edge.runtime.healing, on test_healing's cases."""
-    from hrm_edge.runtime.healing import token_bytes
-    from hrm_edge.train.tokenizer import load_tokenizer
-    from test_healing import check_client_healing, healing_cases
-
     path = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
     tok = load_tokenizer(path)
     cases = healing_cases(tok)
@@ -194,9 +192,7 @@ def test_java_completes_like_python(classes, tmp_path):
     tokens and text, the text streamed without a U+FFFD, the prompt cut as complete --truncate and the page cut it
     (room for the tokens asked for: it left one), and
     healing (the first token starts with the bytes of the prompt's last one, which the text leaves out)."""
-    from hrm_edge.runtime.decoders import Sampling, StepDecoder, generate
-    from hrm_edge.runtime.healing import heal_prompt, prompt_end, token_bytes
-    from hrm_edge.train.tokenizer import eos_id, load_tokenizer
+    # kept here: test_keyboard imports this module at its top (an import cycle)
     from test_keyboard import FIXTURE_MAX_SEQ_LEN, LONG, HashStepModel, TOKENIZER, printable_ids
 
     tok = load_tokenizer(TOKENIZER)
@@ -227,8 +223,6 @@ def test_java_metrics_on_a_real_int8_artifact(classes, tiny_export, tmp_path):
     """A web bundle from a real export (the suite's shared tiny export) and the logits its full-depth int8 KV
     graph gives in onnxruntime. Java's numbers are compared with Python's on whatever that graph computes, so
     the artifact's own parity verdict does not matter here."""
-    from hrm_edge.verify.parity import load_bundle
-
     manifest = json.loads((tiny_export / "manifest.json").read_text())
     path = write_web_bundle(tmp_path, manifest, load_bundle(tiny_export / manifest["parity_bundle"]["path"]))
     web = read_web_bundle(path)
@@ -244,12 +238,6 @@ def test_copy_artifacts_into_the_app(tmp_path):
     """android_demo/copy_artifacts.py: the int8 KV .pte, tokenizer.json, a web bundle and program.json (its precision,
     for the Self-test's tolerances), sha256-checked; a program that failed the parity gate is refused (it was
     copied: the app shipped what the export had refused)."""
-    import sys
-
-    from hrm_edge.io import sha256_file
-    from test_demo import edit_manifest, fake_export
-    from test_cli_errors import assert_user_error
-
     root = fake_export(tmp_path / "e")
     script = REPO / "android_demo" / "copy_artifacts.py"
     run = lambda *a: subprocess.run([sys.executable, str(script), *map(str, a)], capture_output=True, text=True,

@@ -5,12 +5,16 @@ machine) and run every artifact in emulated aarch64 Pythons. They never skip: a 
 toolchain fails them with the fetch step's one-line error.
 """
 import json
+import os
 import shutil
+import sys
 
 import pytest
 
 from conftest import perturbed_copy, run_module
+from hrm_edge.runtime.manifest import Artifact
 from hrm_edge.verify import arm64_toolchain as arm64
+from hrm_edge.verify.arm64_gate import run_on_target
 
 
 def load_manifest(d):
@@ -33,22 +37,15 @@ class ScriptToolchain:
         self.script = script
 
     def command(self, cpu_model, args):
-        import sys
-
         return [sys.executable, "-c", self.script]
 
     def env(self, extra_python_path=()):
-        import os
-
         return dict(os.environ)
 
 
 def test_an_emulated_run_is_killed_when_it_stalls_not_when_it_is_long(tmp_path):
     """The target gate kills an emulated process that prints nothing for `timeout` s (a hung artifact), and lets one
     that keeps finishing artifacts run past that time in total; the artifacts it did not get to fail, named."""
-    from hrm_edge.runtime.manifest import Artifact
-    from hrm_edge.verify.arm64_gate import run_on_target
-
     manifest = {"parity_bundle": {"path": "b.npz"}, "unique_weight_bytes": 1, "tolerances": {}}
     arts = [Artifact(path="a.onnx", format="onnx", runtime="onnxruntime", precision="fp32", program="kv_cache",
                      iteration="onnx_loop")]

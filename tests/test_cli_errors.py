@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from conftest import REPO, parser_of, run_module
+from hrm_edge.app import complete
 from hrm_edge.errors import UserError
+from hrm_edge.measure import bench, evaluate, peers
 
 
 def assert_user_error(proc, *needles):
@@ -95,9 +97,11 @@ def test_unknown_preset(tmp_path):
 def test_export_numbers_and_calibration_corpus_are_checked_first(tmp_path):
     """Before the folder is made or anything is trained or exported (each of these ran on before)."""
     shipped = ("--checkpoint", REPO / "hrm_edge" / "default_model")
+    (tmp_path / "latin1.py").write_bytes("caf\u00e9 = 1\n".encode("latin-1"))
     for args, needle in [((*shipped, "--calib-samples", "0"), "--calib-samples must be >= 1"),
                          ((*shipped, "--calib-samples", "-1"), "--calib-samples must be >= 1"),
                          ((*shipped, "--calib-corpus", tmp_path / "nope"), "corpus not found"),
+                         ((*shipped, "--calib-corpus", tmp_path / "latin1.py"), "not UTF-8"),  # after 24 s of work
                          (("--preset", "tiny", "--steps", "0"), "--steps must be >= 1")]:
         assert_user_error(run_module("hrm_edge.export", *args, "--out", tmp_path / "o"), needle)
     assert not (tmp_path / "o").exists()
@@ -397,9 +401,6 @@ def test_a_closed_pipe_ends_quietly():
 def test_a_value_out_of_range_is_named_with_its_flag():
     """Each flag out of its range is refused on its own line with the value given (until 2026-12-05 one line listed
     every flag's range, `--max-bytes must be >= 1, --seq-len >= 2, --samples >= 0` for a bad --seq-len)."""
-    from hrm_edge.app import complete
-    from hrm_edge.measure import bench, evaluate, peers
-
     for main, argv, line in [
             (evaluate.main, ["hrm_edge/default_model", "--seq-len", "1"], "--seq-len must be >= 2, not 1"),
             (complete.main, ["--seed", "-1", "def f("], "--seed must be >= 0, not -1"),

@@ -5,7 +5,10 @@ import io
 import json
 import os
 import random
+import re
+import shutil
 import subprocess
+import sys
 import sysconfig
 import tarfile
 from pathlib import Path
@@ -186,7 +189,6 @@ def test_load_corpus_uses_the_built_split(built, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     with pytest.raises(UserError, match="python -m hrm_edge.corpus"):
         load_corpus(DataConfig(corpus="pypi"))
-    import shutil
     shutil.copytree(out, tmp_path / "xdg" / "hrm-edge" / "corpus" / "pypi")
     assert load_corpus(DataConfig(corpus="pypi")).names_sha256 == corpus.names_sha256
     victim = next((tmp_path / "xdg" / "hrm-edge" / "corpus" / "pypi" / "train").rglob("*.py"))
@@ -201,7 +203,6 @@ def _pip_env(links: Path) -> dict:
 
 
 def _run_cli(args, env):
-    import sys
     return subprocess.run([sys.executable, "-m", "hrm_edge.corpus", *map(str, args)], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=300)
 
@@ -272,7 +273,6 @@ def test_bad_flags_are_refused_before_any_download(tmp_path):
 
 
 def test_help_on_every_flag():
-    import re
     proc = run_module("hrm_edge.corpus", "--help")
     flags = set(re.findall(r"^  (--[a-z-]+)", proc.stdout, re.M))
     assert {"--cache", "--out", "--recipe", "--project-cap", "--pin", "--jobs", "--no-progress"} <= flags

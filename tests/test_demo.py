@@ -15,10 +15,24 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from conftest import REPO, run_module
+from hrm_edge.app.demo import (DemoHandler, addresses_to_open, export_routes, kind, kv_artifacts, listen, page_default,
+                              served_files, with_shared_weights)
+from hrm_edge.app.shared_weights import page_form, share_weights
+from hrm_edge.errors import UserError
+from hrm_edge.export.onnx_passes import NbitsFormat, blockwise_quantize, nbits_node
 from hrm_edge.io import sha256_file
+from hrm_edge.runtime.adaptive import AdaptiveDecoder, TopProbRule
+from hrm_edge.runtime.manifest import Artifact
+from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder
+from hrm_edge.train.tokenizer import load_tokenizer
+from hrm_edge.verify.parity import load_bundle, read_manifest
+from hrm_edge.verify.web_bundle import check_web_bundle, kv_logits, read_web_bundle, write_web_bundle
 from test_cli_errors import assert_user_error
 
 CHROMIUM = "/usr/bin/chromium"
@@ -121,9 +135,6 @@ def test_paths_outside_the_folder_are_refused(tmp_path):
 def test_modified_web_bundle_is_refused(tmp_path):
     """Until the export lists the web bundle in the manifest, the demo checks it against the bytes it must have
     (rebuilt from the sha256-checked parity bundle)."""
-    from hrm_edge.app.demo import export_routes
-    from hrm_edge.verify.parity import read_manifest
-
     root = fake_export(tmp_path / "e")
     routes, config = export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
     bundle = root / "web_bundle.bin"
@@ -140,9 +151,6 @@ def test_the_page_gets_the_gated_draft_and_verify_graphs(tmp_path):
     """A KV graph's draft, branch and verify graphs are served and named in its config entry when they passed the
     gate; a draft that failed it is not served (the page then extends words with the branch graph, and has no
     adaptive depth)."""
-    from hrm_edge.app.demo import export_routes
-    from hrm_edge.verify.parity import read_manifest
-
     root = fake_export(tmp_path / "e")
     for program in ("draft", "branch", "verify"):
         (root / f"m.{program}.onnx").write_bytes(program.encode())
@@ -174,9 +182,6 @@ def test_the_page_gets_the_gated_draft_and_verify_graphs(tmp_path):
 def loop_graph(path: Path, steps: int, w: np.ndarray, b_main: np.ndarray, b_body: np.ndarray) -> Path:
     """y = (x W + b_body) applied `steps` times in a Loop, then y W + b_main: W is a Loop-body initializer and a
     main-graph one under other names (the same bytes), and "b" names a different tensor in each graph."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     f32 = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)  # noqa: E731
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond"], ["cond_out"]), helper.make_node("MatMul", ["h", "w_body"], ["hw"]),
@@ -200,11 +205,6 @@ def test_a_programs_graphs_share_one_weights_file(tmp_path):
     """shared_weights: the graphs compute what they did (onnxruntime, bit for bit), each distinct large tensor is
     stored once for every graph and name, no large initializer is left in a graph or a Loop body (onnxruntime-web
     reads external data of the main graph's only), and a name the main graph has already is renamed in the body."""
-    import onnx
-    import onnxruntime as ort
-
-    from hrm_edge.app.shared_weights import share_weights
-
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((256, 256)) / 16).astype(np.float32)
     b_main, b_body = (rng.standard_normal(256).astype(np.float32) for _ in range(2))
@@ -232,11 +232,6 @@ def test_a_programs_graphs_share_one_weights_file(tmp_path):
 def nbits_graph(path: Path, rng, accuracy_level: int, opset: int = 18) -> Path:
     """h = x Wb (8-bit MatMulNBits in a Loop body, 2 steps), then h Wm (8-bit, a main-graph initializer of the same
     bytes) and h W4 (4-bit): the nbits programs' operators, 64 x 64 weights in blocks of 32 (16 for 4 bits)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    from hrm_edge.export.onnx_passes import NbitsFormat, blockwise_quantize, nbits_node
-
     w8, w4 = ((rng.standard_normal((64, 64)) / 8).astype(np.float32) for _ in range(2))
     b8, s8, _ = blockwise_quantize(w8, 8, 32)
     b4, s4, _ = blockwise_quantize(w4, 4, 16)
@@ -265,11 +260,6 @@ def test_matmulnbits_are_served_as_float_matmuls(tmp_path):
     for: MatMulNBits's numbers at accuracy_level 0 (float products), the 8-bit (4-bit) bytes stored once (not 4-byte
     floats), and onnxruntime folds the dequantization into constants at session start (no per-call work); below
     opset 18 (no BitwiseAnd) a 4-bit one stays."""
-    import onnx
-    import onnxruntime as ort
-
-    from hrm_edge.app.shared_weights import share_weights
-
     (tmp_path / "dst").mkdir()
     exported = nbits_graph(tmp_path / "g.onnx", np.random.default_rng(0), accuracy_level=4)
     float_products = nbits_graph(tmp_path / "g0.onnx", np.random.default_rng(0), accuracy_level=0)
@@ -299,9 +289,6 @@ def test_matmulnbits_are_served_as_float_matmuls(tmp_path):
 def test_the_page_opens_with_the_8bit_weights_program():
     """The page's default: the int8 MatMulNBits program (served as float MatMuls: the fastest int8 program in the
     browser and the smallest download), then another int8 one, then the rest; ONNX first; only a gated one."""
-    from hrm_edge.app.demo import kind, page_default
-    from hrm_edge.runtime.manifest import Artifact
-
     def art(path, precision, mode=None, fmt="onnx", passed=True):
         quantization = {"mode": mode} if mode else None
         return Artifact.new(path, fmt, precision, "kv_cache", "onnx_loop", quantization=quantization,
@@ -316,16 +303,12 @@ def test_the_page_opens_with_the_8bit_weights_program():
     assert page_default([art("f.kv.onnx", "fp32", passed=False)]) == "f.kv.onnx"
     # an ORT-format MatMulNBits program is not offered: it cannot take the page's form, and the browser's own
     # MatMulNBits ran 3-5x slower
-    from hrm_edge.app.demo import kv_artifacts
 
     static_ort = art("s.kv.ort", "int8", "static", fmt="ort")
     assert kv_artifacts({"artifacts": [fp32, static, nbits_ort, nbits, static_ort]}) == [fp32, static, nbits, static_ort]
 
 
 def test_graphs_onnx_cannot_read_are_served_as_exported(tmp_path, monkeypatch):
-    from hrm_edge.app.demo import export_routes, with_shared_weights
-    from hrm_edge.verify.parity import read_manifest
-
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     root = fake_export(tmp_path / "e")
     routes, config = export_routes(root, read_manifest(root), verify=True, log=lambda *_: None)
@@ -348,8 +331,6 @@ def test_server_serves_its_table_only(tmp_path):
     """Known URLs with COOP/COEP and the right MIME types; everything else (listing, `..`) is a 404. A reload
     revalidates (304, the ETag); a file changed or swapped for a link after the server checked it is refused (it was
     read again on every request, link followed: the start-up checks could be bypassed)."""
-    from hrm_edge.app.demo import DemoHandler, served_files
-
     (tmp_path / "a.mjs").write_text("export const a = 1;")
     (tmp_path / "b.wasm").write_bytes(b"\0asm")
     (tmp_path / "c.json").write_text("{}")
@@ -392,9 +373,6 @@ def test_an_ipv6_host_is_served(tmp_path):
     """--host :: and ::1 listen on IPv6 (they failed with "Address family for hostname not supported"); :: takes IPv4
     clients too, and the printed URL brackets the address. Where this machine has no IPv6, the demo says so in one
     line."""
-    from hrm_edge.app.demo import DemoHandler, addresses_to_open, listen, served_files
-    from hrm_edge.errors import UserError
-
     (tmp_path / "c.json").write_text("{}")
     routes = served_files({"/export/c.json": tmp_path / "c.json"})
     handler = partial(DemoHandler, routes=routes, config=b"{}", quiet=True)
@@ -482,8 +460,6 @@ def select_model(page, model_id):
 
 
 def python_self_test(export_dir: Path, model_id: str) -> dict:
-    from hrm_edge.verify.web_bundle import check_web_bundle, kv_logits, read_web_bundle
-
     web = read_web_bundle(export_dir / "web_bundle.bin")
     precision = "int8" if "int8" in model_id else "fp32"
     return check_web_bundle(kv_logits(export_dir / model_id, web), web, precision)
@@ -491,9 +467,6 @@ def python_self_test(export_dir: Path, model_id: str) -> dict:
 
 def page_form_self_test(export_dir: Path, model_id: str, dest: Path) -> dict:
     """python_self_test on the graph as the demo serves it (shared_weights.page_form)."""
-    from hrm_edge.app.shared_weights import page_form
-    from hrm_edge.verify.web_bundle import check_web_bundle, kv_logits, read_web_bundle
-
     dest.mkdir(parents=True, exist_ok=True)
     web = read_web_bundle(export_dir / "web_bundle.bin")
     return check_web_bundle(kv_logits(page_form(export_dir / model_id, dest), web), web, "int8")
@@ -501,9 +474,6 @@ def page_form_self_test(export_dir: Path, model_id: str, dest: Path) -> dict:
 
 def int8_reference_self_test(export_dir: Path, model_id: str) -> dict:
     """The Self-test's numbers had the int8 program computed exactly its eager int8 reference."""
-    from hrm_edge.verify.parity import load_bundle
-    from hrm_edge.verify.web_bundle import check_web_bundle, read_web_bundle
-
     manifest = json.loads((export_dir / "manifest.json").read_text())
     art = next(a for a in manifest["artifacts"] if a["path"] == model_id)
     web = read_web_bundle(export_dir / "web_bundle.bin")
@@ -571,10 +541,6 @@ ADAPTIVE_STEPS = """async ({ tokens, prefill, threshold }) => {
 def test_page_adaptive_steps_are_pythons(default_export, browser):
     """The page's AdaptiveModel, teacher-forced over held-out-like code: the same exits and logits (within 1e-4) as
     hrm_edge.runtime.adaptive on the same draft + verify graphs (fp32), so a wrongly filled skipped slot shows."""
-    from hrm_edge.runtime.adaptive import AdaptiveDecoder, TopProbRule
-    from hrm_edge.runtime.speculative import OnnxSpeculativeDecoder
-    from hrm_edge.train.tokenizer import load_tokenizer
-
     tokens = load_tokenizer(default_export / "tokenizer.json").encode(
         "import os\nimport sys\n\n\ndef main(argv=None):\n    parser = make_parser()\n    args = parser.parse_args(argv)\n"
         "    for name in sorted(args.names):\n        print(name, os.path.getsize(name))\n    return 0\n",
@@ -710,9 +676,6 @@ def test_page_on_a_phone_viewport(default_export, browser, tmp_path):
 
 @pytest.mark.slow
 def test_self_test_fails_on_a_perturbed_web_bundle(default_export, browser, tmp_path):
-    from hrm_edge.verify.parity import load_bundle
-    from hrm_edge.verify.web_bundle import read_web_bundle, write_web_bundle
-
     export = tmp_path / "perturbed"
     shutil.copytree(default_export, export)
     path = write_web_bundle(export, json.loads((export / "manifest.json").read_text()),

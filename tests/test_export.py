@@ -13,6 +13,11 @@ import onnx
 import pytest
 
 from conftest import REPO, perturbed_copy, run_module
+from hrm_edge.export import pipeline
+from hrm_edge.export.names import artifact_name, ort_name
+from hrm_edge.io import sha256_file
+from hrm_edge.runtime.manifest import Artifact, read_manifest, verify_files
+from hrm_edge.verify.parity import FP32_TOLERANCE, adaptive_key, draft_check, load_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -51,8 +56,6 @@ def test_tiny_export_passes(tiny_export):
             assert art["bytes"] > m["unique_weight_bytes"] + 3 * table
     web = m["web_bundle"]
     assert (tiny_export / web["path"]).stat().st_size == web["bytes"] <= 2 * 1024 * 1024
-    from hrm_edge.io import sha256_file
-
     assert sha256_file(tiny_export / web["path"]) == web["sha256"]
 
 
@@ -178,7 +181,6 @@ def test_killed_export_leaves_nothing_listed(tiny_export, tmp_path):
     else:
         raise AssertionError(f"worker processes {workers} outlived the killed export")
     # the run wrote into its staging folder only: the earlier export is still whole, manifest and files alike
-    from hrm_edge.runtime.manifest import read_manifest, verify_files
     verify_files(out, read_manifest(out))
     onnx.checker.check_model(onnx.load(str(out / "hrm.fp32.onnx")), full_check=True)  # complete, not truncated
     proc = run_module("hrm_edge.export", "--checkpoint", tiny_export / "checkpoint", "--out", out,
@@ -223,7 +225,6 @@ def test_ctrl_c_stops_the_export_with_one_line(tiny_export, tmp_path):
     assert proc.returncode == 130 and err.splitlines()[-1:] == ["interrupted"], err[-1000:]
     assert "Traceback" not in err and "leaked semaphore" not in err, err[-3000:]
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
-    from hrm_edge.runtime.manifest import read_manifest, verify_files
     verify_files(out, read_manifest(out))
     assert not (out / ".export-staging").exists()
 
@@ -232,8 +233,6 @@ def test_a_new_export_removes_what_the_earlier_one_wrote_and_it_did_not(tmp_path
     """An export into an earlier export's folder left the earlier artifacts its manifest no longer lists (of the
     earlier model: a reader that opens hrm.fp32.kv.pte by name took them). They are removed after the new manifest is
     in place; files no export writes, and the checkpoint's, stay; a listed name outside the folder is never touched."""
-    from hrm_edge.export import pipeline
-
     out = tmp_path / "out"
     out.mkdir()
     listed = [{"path": name} for name in ("hrm.fp32.kv.pte", "hrm.fp32.onnx", "../outside.txt", "model.safetensors")]
@@ -393,9 +392,6 @@ def test_speculative_graphs_pass_as_a_set(tiny_export):
     assert not [a for a in spec if a["program"] == "draft" and "adaptive" in next(iter(a["parity"].values()))]
     # a draft graph's own readout is checked too (its set's verify rounds return the verify graph's logits): against
     # its reference's first cycle; a reference that is off by +0.5 everywhere fails it
-    from hrm_edge.runtime.manifest import Artifact
-    from hrm_edge.verify.parity import FP32_TOLERANCE, adaptive_key, draft_check, load_bundle
-
     draft = Artifact.from_json(next(a for a in spec if a["path"] == "hrm.fp32.draft.onnx"))
     bundle = load_bundle(tiny_export / "parity_bundle.npz")
     assert draft_check(tiny_export / draft.path, draft, bundle, FP32_TOLERANCE)["passed"]
@@ -473,8 +469,6 @@ def test_bundle_only_checks_onnx_without_torch(tiny_export, tmp_path):
 
 
 def test_artifact_names():
-    from hrm_edge.export.names import artifact_name, ort_name
-
     assert artifact_name("hrm", "fp32", "onnx") == "hrm.fp32.onnx"
     assert artifact_name("hrm", "int8-static-perstep", "onnx", "kv_cache") == "hrm.int8-static-perstep.kv.onnx"
     assert artifact_name("hrm", "int8-dynamic", "pte", "kv_cache", n_cycles=1) == "hrm.int8-dynamic.c1.kv.pte"

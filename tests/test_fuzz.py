@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -19,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from conftest import parser_of, run_module
+from conftest import REPO, parser_of, run_module
 from hrm_edge.measure import bench
 from hrm_edge.app import complete
 from hrm_edge.app import demo
@@ -28,7 +29,9 @@ from hrm_edge.verify import parity
 from hrm_edge.train import loop as train
 from hrm_edge.config import DataConfig, ModelConfig, QuantConfig, TrainConfig, from_dict
 from hrm_edge.errors import UserError, run_cli
+from hrm_edge.runtime.healing import token_bytes
 from hrm_edge.runtime.manifest import read_manifest, verify_files
+from hrm_edge.train.tokenizer import load_tokenizer
 from test_reliability import SHIPPED_TOKENIZER, assert_user_error, edit_manifest, flip_byte, mini_export
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
@@ -288,10 +291,6 @@ def test_a_prompt_with_every_unicode_plane_completes(folders):
 def test_undecodable_bytes_through_a_real_process(folders):
     """What only a real process shows: bytes on stdin that are not UTF-8, and argv bytes that are not (Python
     surrogate-escapes them), each one error line; control characters and astral characters complete."""
-    import subprocess
-
-    from conftest import REPO
-
     env = dict(os.environ, PYTHONPATH=str(REPO))
     base = [sys.executable, "-m", "hrm_edge.complete", "--artifacts", str(folders["good"]), "--runtime", "eager",
             "--max-new-tokens", "3"]
@@ -313,15 +312,11 @@ def decoded(proc):
 # ---- the tokenizer / decoder path on model output ----
 @pytest.fixture(scope="module")
 def tokenizer():
-    from hrm_edge.train.tokenizer import load_tokenizer
-
     return load_tokenizer(SHIPPED_TOKENIZER)
 
 
 @pytest.fixture(scope="module")
 def vocab_bytes(tokenizer):
-    from hrm_edge.runtime.healing import token_bytes
-
     return token_bytes(tokenizer)
 
 

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO, run_module
-from hrm_edge.runtime.decoders import Sampling, sample
+from hrm_edge.model.checkpoint import load_model
+from hrm_edge.model.eager import EagerDecoder
+from hrm_edge.runtime.decoders import Sampling, generate, sample
+from hrm_edge.train.tokenizer import load_tokenizer
 
 
 def test_sampling():
@@ -72,7 +75,7 @@ def load_text_llm_runner():
     """executorch.extension.llm.runner's __init__ imports transformers (for its multimodal part); the text
     runner itself is the compiled _llm_runner module, loaded here directly after torch and the kernels."""
     import torch  # noqa: F401  libtorch must be loaded first
-    import executorch
+    import executorch  # kept lazy, in this order: after libtorch, before the runner's .so below
     import executorch.kernels.quantized  # noqa: F401
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  our KV program's cache/attention ops
 
@@ -85,11 +88,6 @@ def load_text_llm_runner():
 
 @pytest.mark.slow
 def test_executorch_text_llm_runner_runs_our_program(tiny_export):
-    from hrm_edge.model.eager import EagerDecoder
-    from hrm_edge.runtime.decoders import generate
-    from hrm_edge.train.tokenizer import load_tokenizer
-    from hrm_edge.model.checkpoint import load_model
-
     runner_mod = load_text_llm_runner()
     runner = runner_mod.TextLLMRunner(str(tiny_export / "hrm.fp32.kv.pte"), str(tiny_export / "tokenizer.json"))
     pieces, stats = [], []

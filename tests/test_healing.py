@@ -8,12 +8,15 @@ import subprocess
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import REPO, run_module
-from hrm_edge.app.complete import TextStream
+from hrm_edge.app.complete import TextStream, parser
+from hrm_edge.measure.repetition import header_prompts, line_repeats, ngram_repeats, parse_penalties
 from hrm_edge.model.eager import EagerDecoder, EagerSpeculativeDecoder
 from hrm_edge.runtime.decoders import Sampling, generate
-from hrm_edge.runtime.healing import Heal, heal_prompt, penalize_repetition, shape_logits, token_bytes
+from hrm_edge.runtime.healing import (DEFAULT_REPETITION_PENALTY, Heal, heal_prompt, penalize_repetition, shape_logits,
+                                     token_bytes)
 from hrm_edge.runtime.speculative import RoundPlan, accept_greedy, generate_speculative
 from hrm_edge.train.tokenizer import load_tokenizer
 from test_speculative import code_prompt, shipped, tiny_model
@@ -119,8 +122,6 @@ def test_generate_takes_the_first_token_from_the_allowed_set():
 
 def test_greedy_with_a_penalty_reference_loop():
     """generate's greedy tokens equal a hand-written loop: full logits of the whole sequence, penalty over it."""
-    import torch
-
     model = tiny_model(1)
     prompt, want = [4, 8, 15], []
     for _ in range(12):
@@ -224,9 +225,6 @@ def test_the_page_heals_and_penalises_like_python(tok, vocab_bytes, tmp_path):
 
 
 def test_every_client_defaults_to_the_measured_penalty():
-    from hrm_edge.app.complete import parser
-    from hrm_edge.runtime.healing import DEFAULT_REPETITION_PENALTY
-
     html = (REPO / "hrm_edge" / "app" / "web" / "index.html").read_text()
     page = re.search(r'<input id="repetition"[^>]* value="([^"]+)"', html).group(1)
     java = (REPO / "android_demo" / "app" / "src" / "main" / "java" / "org" / "hrmedge" / "core"
@@ -237,8 +235,6 @@ def test_every_client_defaults_to_the_measured_penalty():
 
 
 def test_repeat_counts():
-    from hrm_edge.measure.repetition import header_prompts, line_repeats, ngram_repeats, parse_penalties
-
     assert ngram_repeats([1, 2, 3, 4, 1, 2, 3, 4, 1]) == (2, 6)  # (1,2,3,4) and (2,3,4,1) come back once each
     assert ngram_repeats([1, 2, 3]) == (0, 0)
     assert line_repeats("a = 1\n  a = 1\n\nb\na = 1") == (1, 3)  # the unfinished last line does not count

@@ -10,16 +10,30 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import REPO
+from test_adaptive import onnx_model
 from test_android_core import classes, java, typed_code  # noqa: F401  (classes: the compiled Java core, a fixture)
 from test_demo import DemoServer
-from hrm_edge.app.keyboard import PROFILE_PARTS, profile_parts
-from hrm_edge.runtime.suggest import (BRANCHES, CANDIDATES, MAX_EXTRA_TOKENS, TYPED_LINES, TYPED_SHARE, TypedContext,
-                                      Word, context_window, decide, first_decision, first_tokens, healed, healed_start,
-                                      FOLLOW_SHARE, is_word_char, keyboard_metrics, link, prefix_probability,
-                                      read_typed_word, read_word, softmax64, suggest_words, trailing_word,
-                                      typed_followers, typed_words, with_typed_words)
+from test_model import make
+from hrm_edge.app.demo import WEB_DIR, web_packages
+from hrm_edge.app.keyboard import (PROFILE_PARTS, BenchSettings, browser_keyboard_bench, call_costs, combined_metrics,
+                                   heldout_text, profile_parts, runs_of, time_split)
+from hrm_edge.app.shared_weights import page_form
+from hrm_edge.errors import UserError
+from hrm_edge.export.onnx import export_onnx_branch, export_onnx_draft
+from hrm_edge.model.checkpoint import load_model
+from hrm_edge.model.eager import EagerStepModel
+from hrm_edge.model.lm import BranchForm, DraftForm
+from hrm_edge.runtime import suggest
+from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxStepModel
+from hrm_edge.runtime.suggest import (BRANCHES, CANDIDATES, FOLLOW_SHARE, MAX_EXTRA_TOKENS, TYPED_LINES, TYPED_SHARE,
+                                      Chain, TypedContext, Word, batch_runner, context_window, decide, draft_beside,
+                                      first_decision, first_tokens, healed, healed_start, is_word_char,
+                                      keyboard_metrics, link, merge, prefix_probability, read_typed_word, read_word,
+                                      softmax64, suggest_words, trailing_word, typed_followers, typed_words,
+                                      with_typed_words, words_settled)
 from hrm_edge.train.tokenizer import load_tokenizer
 
 TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
@@ -297,8 +311,6 @@ def test_the_words_already_typed_join_the_models():
 def test_at_a_word_start_the_models_words_are_given_the_typed_text(tokenizer, allowed, monkeypatch):
     """Step 11: at a word start the model's probabilities are divided by Z, the probability that the next token fits
     the taken-back text (its non-empty text starts with it or is a proper prefix of it); mid-word they are kept."""
-    import hrm_edge.runtime.suggest as suggest
-
     texts, p = ["", " a", " ", "a", " ab", "x", " b"], np.array([0.1, 0.2, 0.3, 0.1, 0.1, 0.1, 0.1])
     assert prefix_probability(p, texts, " a") == 0.2 + 0.3 + 0.1 and prefix_probability(p, texts, "") == 1
     assert prefix_probability(p, texts, " a", [1, 2]) == 0.2 + 0.3  # only the ids given (those of its first character)
@@ -331,9 +343,6 @@ def test_at_a_word_start_the_models_words_are_given_the_typed_text(tokenizer, al
 
 def test_shipped_checkpoint_suggests_self_at_the_lines_indentation(tokenizer):
     """Held-out httpcore, where the chip `self` inserted "    self" (docs/keyboard.md step 5): a tap types the word."""
-    from hrm_edge.model.checkpoint import load_model
-    from hrm_edge.model.eager import EagerStepModel
-
     model = load_model(REPO / "hrm_edge" / "default_model")
     text = ("class Connection:\n    def __init__(self, origin, stream):\n        self._origin = origin\n"
             "        self._network_stream = stream\n        ")
@@ -395,8 +404,6 @@ def test_a_typed_word_reads_like_the_chain_that_spells_it(tokenizer, allowed):
 
 def test_a_word_not_ended_within_the_budget_is_dropped(tokenizer, allowed, monkeypatch):
     """With no extra tokens allowed, a word comes only from a first token that holds its own ending (" os(")."""
-    import hrm_edge.runtime.suggest as suggest
-
     texts = set(tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())]))
     model = HashStepModel(allowed, tokenizer.get_vocab_size())
     monkeypatch.setattr(suggest, "with_typed_words", lambda words, *args: words)  # the model's words alone
@@ -416,8 +423,6 @@ def test_spelling_the_taken_back_text_is_bounded(tokenizer, allowed, monkeypatch
     """A chain must finish spelling the taken-back text within MAX_SPELLING_TOKENS tokens after its first, or it is
     dropped: with none allowed, the shorter first tokens are never extended and the words come from those that
     cover it."""
-    import hrm_edge.runtime.suggest as suggest
-
     monkeypatch.setattr(suggest, "MAX_SPELLING_TOKENS", 0)
     context = TypedContext(HashStepModel(allowed, tokenizer.get_vocab_size()))
     words = suggest_words(context, tokenizer, "x = 1\nfrob").words  # taken back: "rob"
@@ -449,8 +454,6 @@ def test_a_chain_whose_word_has_not_started_forks_once(tokenizer, allowed):
 def test_chains_cut_short_never_change_the_words(tokenizer, allowed, monkeypatch):
     """Step 6's early stop (once no end of the open chains can change the words shown) saves decode steps and
     changes nothing: the same words, order and probabilities, bit for bit, as extending every chain to its end."""
-    import hrm_edge.runtime.suggest as suggest
-
     cut, full = [], []
     words = python_words(tokenizer, allowed, cut)
     monkeypatch.setattr(suggest, "words_settled", lambda *_: False)
@@ -459,8 +462,6 @@ def test_chains_cut_short_never_change_the_words(tokenizer, allowed, monkeypatch
 
 
 def test_words_settled():
-    from hrm_edge.runtime.suggest import Word, words_settled
-
     # typed "o": the reaches are (start of the label an open chain may still end in, its bound)
     words = [Word("os", "s", 0.5), Word("open", "pen", 0.3), Word("or", "r", 0.1), Word("ord", "rd", 0.05)]
     assert words_settled(words, [("oab", 0.04)], 3)  # 0.1 > 0.05 + 0.04
@@ -478,8 +479,6 @@ def test_words_settled():
 def test_chains_with_the_same_word_are_one_chip(tokenizer):
     """Chains that end in the same word after other spaces are one chip: their probabilities add up and a tap
     inserts what the most probable of them inserts (step 9)."""
-    from hrm_edge.runtime.suggest import Chain, decide, merge
-
     texts = tokenizer.decode_batch([[i] for i in range(tokenizer.get_vocab_size())])
     ids = {s: tokenizer.encode(s, add_special_tokens=False).ids for s in ("\n be(", "\n    be(", "\n is(")}
     chains = [Chain(ids["\n be("], [0.1] * 9), Chain(ids["\n    be("], [0.5] * 9), Chain(ids["\n is("], [0.3] * 9)]
@@ -497,8 +496,6 @@ def test_chains_with_the_same_word_are_one_chip(tokenizer):
 def page_modules(tmp_path) -> str:
     """node's path, with the page's js/ folder, keyboard_fixture.mjs and a node_modules of the page's pinned packages
     in tmp_path."""
-    from hrm_edge.app.demo import WEB_DIR, web_packages
-
     node = shutil.which("node")
     if node is None:
         pytest.skip("node not found (apt-get install nodejs npm)")
@@ -627,8 +624,6 @@ def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path, monkey
     assert out["model_calls"] == len(model_calls)  # the same context runs (none back to a recent context)
     # Java runs the chains one after another, a call per row and step: fewer calls than the rows of the batches
     # that extend every chain to its end means chains were cut short there too
-    import hrm_edge.runtime.suggest as suggest
-
     monkeypatch.setattr(suggest, "words_settled", lambda *_: False)
     full = []
     python_words(tokenizer, allowed, full)
@@ -669,11 +664,6 @@ def test_java_and_the_page_guess_the_same_next_keys(tokenizer, allowed, classes,
 
 # ---- the eager step model (a checkpoint behind the KV graph's contract) ----
 def test_eager_step_model_batches_like_separate_rows():
-    import torch
-
-    from hrm_edge.model.eager import EagerStepModel
-    from test_model import make
-
     model = make()
     step = EagerStepModel(model)
     prompt = np.array([[5, 17, 3, 44, 9]])
@@ -688,9 +678,6 @@ def test_eager_step_model_batches_like_separate_rows():
 
 
 def test_shipped_checkpoint_completes_range(tokenizer):
-    from hrm_edge.model.checkpoint import load_model
-    from hrm_edge.model.eager import EagerStepModel
-
     model = load_model(REPO / "hrm_edge" / "default_model")
     for draft in (None, EagerStepModel(model, n_cycles=1)):  # the chains by the full depth, and by cycle 1
         words = suggest_words(TypedContext(EagerStepModel(model), draft), tokenizer, "for i in ra").words
@@ -700,12 +687,6 @@ def test_shipped_checkpoint_completes_range(tokenizer):
 def test_eager_draft_step_model_is_the_draft_graphs_contract():
     """EagerStepModel(n_cycles=1) reads and writes the first L + 1 slots of the full model's cache and gives the
     first outer cycle's logits: DraftForm, which exports as *.draft.onnx."""
-    import torch
-
-    from hrm_edge.model.eager import EagerStepModel
-    from hrm_edge.model.lm import DraftForm
-    from test_model import make
-
     model = make()
     full, draft = EagerStepModel(model), EagerStepModel(model, n_cycles=1)
     _, k, v = full.run(np.array([[5, 17, 3, 44, 9]]), *full.empty_past())
@@ -721,8 +702,6 @@ def test_eager_draft_step_model_is_the_draft_graphs_contract():
 
 
 def test_keyboard_bench_time_split():
-    from hrm_edge.app.keyboard import time_split
-
     ms = np.array([10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 100.0])
     runs = np.array([[1, 2.0, 2, 4.0]] * 9 + [[1, 20.0, 4, 60.0]])  # [KV calls, KV ms, draft calls, draft ms]
     t = time_split(ms, runs)
@@ -733,9 +712,6 @@ def test_keyboard_bench_time_split():
 
 
 def test_keyboard_bench_combines_texts():
-    from hrm_edge.app.keyboard import combined_metrics
-    from hrm_edge.runtime.suggest import keyboard_metrics
-
     # "ab cd": one word start (c), hit by a chip after "ab "; "xy z": none hit; savings: 4 keys for 5 chars, 4 for 4
     first = keyboard_metrics("ab cd", [[], [], [], [["cd", "cd", 0.5, " "]], [], []])
     second = keyboard_metrics("xy z", [[]] * 5)
@@ -745,8 +721,6 @@ def test_keyboard_bench_combines_texts():
 
 
 def test_keyboard_bench_call_costs():
-    from hrm_edge.app.keyboard import call_costs, runs_of
-
     # [graph (0: KV, 1: branch), rows, tokens a row, ms]: keystrokes of a one-token KV call and branch steps, one
     # whose context ran again from its start (a window that dropped a block), one that reused everything
     calls = [[[0, 1, 1, 5.0], [1, 4, 1, 4.0], [1, 2, 1, 3.0]], [[0, 1, 96, 90.0], [1, 4, 1, 6.0]], [],
@@ -772,8 +746,6 @@ ASTRAL_TEXT = "s = '\U0001F600 ok'\nimport os\nimport sy"  # an emoji: two UTF-1
 
 def python_chips(path, tokenizer, text: str, every: int) -> dict:
     """Python onnxruntime's chips for every `every`-th prefix of text: {i: [[label, insert, probability], ...]}."""
-    from hrm_edge.runtime.suggest import OnnxStepModel, draft_beside
-
     # as the page: the chains on the branch graph
     context = TypedContext(OnnxStepModel(path, threads=1), draft_beside(path, threads=1))
     return {i: [[w.label, w.insert, w.probability] for w in suggest_words(context, tokenizer, text[:i]).words]
@@ -805,10 +777,6 @@ def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
     """The page's suggestWords typing code at a phone viewport: whole words only, Python onnxruntime's chips on the
     same graphs, and the figures (printed; speed goals are not asserted here, only that Chromium's CPU throttling
     takes effect, with a wide margin: 8x must slow the typing more than 4x)."""
-    from hrm_edge.app.keyboard import BenchSettings, browser_keyboard_bench, heldout_text
-    from hrm_edge.app.shared_weights import page_form
-    from hrm_edge.errors import UserError
-
     try:
         text = heldout_text(600)
     except UserError:
@@ -874,14 +842,6 @@ def test_the_branch_graph_is_the_draft_graph_on_a_tiled_context(tmp_path):
     """The branch graph's rows share one context's cache: its logits are DraftForm's on that cache tiled per row and
     concatenated with each row's own past, and its presents are the rows' own part (eager BranchForm and the exported
     graph, rows of different tokens); batch_runner (suggest_words' extension) feeds either graph its way."""
-    import torch
-
-    from hrm_edge.export.onnx import export_onnx_branch, export_onnx_draft
-    from hrm_edge.model.lm import BranchForm, DraftForm
-    from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxStepModel
-    from hrm_edge.runtime.suggest import batch_runner
-    from test_adaptive import onnx_model
-
     model = onnx_model(4, 2, 2)
     slots, rng = model.cfg.L_cycles + 1, np.random.default_rng(0)
     draft = OnnxStepModel(export_onnx_draft(model, tmp_path / "m.draft.onnx"))

@@ -4,6 +4,7 @@ import hashlib
 import itertools
 import json
 import shutil
+from types import SimpleNamespace as Chip
 
 import numpy as np
 import pytest
@@ -215,8 +216,6 @@ def test_evaluate_keyboard_end_to_end(tmp_path, monkeypatch, capsys):
 def test_a_chip_is_scored_by_what_a_tap_types():
     """A model chip labelled `if` that inserts "    if" (deeper indentation, then the word) types other text than the
     next word: no hit. Scored by label it was one (top-3 on the held-out text counted such chips)."""
-    from types import SimpleNamespace as Chip
-
     text = "    x = 1\n    if y:\n"
     start = text.index("if")
     chips = [Chip(label="if", insert="    if"), Chip(label="for", insert="for")]

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from hrm_edge.config import ModelConfig
-from hrm_edge.model.lm import HRMLM, TracedForm, parameter_counts
+from hrm_edge.model.lm import (HRMLM, DecodeForm, FunctionalDecodeForm, KVCache, NoCache, StackedKVCache, TracedForm,
+                               empty_cache, parameter_counts)
 
 TINY = dict(vocab_size=97, d_model=32, n_heads=4, max_seq_len=32)
 
@@ -94,8 +95,6 @@ def test_gate_init():
 def test_kv_cache_decoding_matches_full_sequence(arch):
     """prefill 5 tokens, then decode one token at a time: the logits equal the full-sequence ones, with
     the in-place cache (eager decoding) and with the past/present cache (ONNX form, a Loop for HRM)."""
-    from hrm_edge.model.lm import DecodeForm, FunctionalDecodeForm, empty_cache
-
     model = make(arch, n_layers=3)
     tokens = torch.randint(0, 97, (1, 12))
     with torch.no_grad():
@@ -119,8 +118,6 @@ def test_kv_cache_decoding_matches_full_sequence(arch):
 def test_caches_share_one_interface():
     """update(t, positions, k, v) returns the keys/values block application t attends over: the in-place
     cache the whole buffer (later rows zero), the stacked cache its past plus the new rows."""
-    from hrm_edge.model.lm import KVCache, NoCache, StackedKVCache
-
     cfg = make().cfg
     k, v = torch.randn(1, 3, cfg.n_heads, cfg.head_dim), torch.randn(1, 3, cfg.n_heads, cfg.head_dim)  # [B, S, H, hd]
     positions = torch.arange(2, 5)

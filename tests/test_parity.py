@@ -9,13 +9,19 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from conftest import REPO
+from hrm_edge.config import QuantConfig
 from hrm_edge.errors import UserError
+from hrm_edge.io import sha256_file
+from hrm_edge.runtime.adaptive import BRANCH_TOKENS, BRANCH_WINDOWS
 from hrm_edge.runtime.manifest import Artifact, manifest_json, read_manifest
-from hrm_edge.verify.parity import (FP32_TOLERANCE, Tolerance, check_artifact, compare, load_bundle, log_softmax, perplexity,
-                             render_report, write_bundle)
+from hrm_edge.verify.parity import (BRANCH_ROWS, FP32_TOLERANCE, Tolerance, check_artifact, compare, gate_tolerances,
+                                    load_bundle, log_softmax, perplexity, reference_checks, render_report, tolerances,
+                                    write_bundle)
 
 N, S, V = 4, 16, 32  # 64 positions
 
@@ -238,9 +244,6 @@ def test_report_renders_every_result():
 # ---- check_artifact on a real runtime, without an export ----
 def table_graph(path, table: np.ndarray) -> None:
     """An ONNX graph logits[n, s] = table[tokens[n, s]]: a stand-in for a model whose logits we choose."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     graph = helper.make_graph(
         [helper.make_node("Gather", ["table", "tokens"], ["logits"], axis=0)], "table",
         [helper.make_tensor_value_info("tokens", TensorProto.INT64, ["n", "s"])],
@@ -250,10 +253,6 @@ def table_graph(path, table: np.ndarray) -> None:
 
 
 def test_check_artifact_passes_the_right_numbers_and_fails_wrong_ones(tmp_path):
-    from hrm_edge.config import QuantConfig
-    from hrm_edge.io import sha256_file
-    from hrm_edge.verify.parity import tolerances
-
     rng = np.random.default_rng(0)
     # rows beyond V are never gathered: they make the file ~270 kB, past the size rule's 256 KiB of graph room
     table = (3 * rng.standard_normal((V + 2100, V))).astype(np.float32)
@@ -288,9 +287,6 @@ def test_the_gate_judges_with_its_own_bounds_not_the_manifests():
     """A check of an export took every bound from the manifest it checks: widened there (the same edit that fixes up a
     changed artifact's sha256) they passed an artifact with weights x 1.5. Only the quality bounds a preset chooses
     (int8 / int4 top-1 and perplexity against fp32) are read from it, and they must be in range."""
-    from hrm_edge.config import QuantConfig
-    from hrm_edge.verify.parity import gate_tolerances, tolerances
-
     chosen = tolerances(QuantConfig(int8_min_top1=0.95, int4_max_ppl_ratio=1.2))
     widened = {k: dict(v) for k, v in chosen.items()}
     for key in ("fp32_vs_fp32_eager", "int8_vs_int8_reference", "int8_vs_fp32_eager"):
@@ -307,10 +303,6 @@ def test_the_gate_judges_with_its_own_bounds_not_the_manifests():
 def test_a_branch_graph_is_compared_with_its_references_first_cycle():
     """A branch graph's logits (BRANCH_ROWS rows per window) are held to the first-cycle eager logits stored with its
     set's adaptive reference, every row; a missing reference is a failure with its reason."""
-    from hrm_edge.config import QuantConfig
-    from hrm_edge.runtime.adaptive import BRANCH_TOKENS, BRANCH_WINDOWS
-    from hrm_edge.verify.parity import BRANCH_ROWS, reference_checks, tolerances
-
     rng, p = np.random.default_rng(0), 3
     windows = rng.integers(0, V, size=(BRANCH_WINDOWS + 1, p + BRANCH_TOKENS + 1))
     first = (3 * rng.standard_normal((BRANCH_WINDOWS, BRANCH_TOKENS, V))).astype(np.float32)

@@ -5,6 +5,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import REPO, built_once
 from test_cli_errors import assert_user_error
@@ -29,8 +30,7 @@ def tiny_peers(tmp_path_factory):
 @pytest.fixture(scope="module")
 def eager_reference(tiny_peers):
     """The transformers Llama the peers were built from, on one random window: tokens [1, 40], logits [1, 40, V]."""
-    import torch
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM  # kept lazy: an optional extra (pip install '.[peers]')
 
     model = LlamaForCausalLM.from_pretrained(tiny_peers[0] / "hf").eval()
     tokens = np.random.default_rng(1).integers(0, TINY.vocab_size, size=(1, 40))

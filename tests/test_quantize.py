@@ -1,20 +1,28 @@
+import sysconfig
+from pathlib import Path
+
 import numpy as np
+import onnx
 import pytest
 import torch
 
 from hrm_edge.export.calibrate import BLOCK_LINEARS, activation_ranges, make_calibration_set
+from hrm_edge.export.onnx import export_onnx_decode, quantize_nbits
+from hrm_edge.export.onnx_passes import loop_and_body, step_op_counts
 from hrm_edge.config import DataConfig, ModelConfig
 from hrm_edge.errors import UserError
 from hrm_edge.model.lm import HRMLM
-from hrm_edge.export.quantize import activation_qparams, fake_quant_activation, static_int8_reference, static_plan, weight_qparams
+from hrm_edge.export.quantize import (activation_qparams, dynamic_quantization, fake_quant_activation, nbits_reference,
+                                     parse_linear_names, pt2e_quantization, static_int8_names, static_int8_reference,
+                                     static_onnx_quantization, static_plan, table_qparams, weight_qparams)
+from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits
+from hrm_edge.train.dataset import encode_documents, load_corpus
 from hrm_edge.train.tokenizer import train_tokenizer
+from hrm_edge.verify.reference import eager_logits
 
 
 @pytest.fixture(scope="module")
 def tok(tmp_path_factory):
-    import sysconfig
-    from pathlib import Path
-
     root = Path(sysconfig.get_paths()["stdlib"])
     return train_tokenizer([(root / n).read_text() for n in ("textwrap.py", "string.py")], 300)
 
@@ -30,8 +38,6 @@ def test_calibration_set_is_deterministic(tok, text_corpus):
 
 
 def test_calibration_never_uses_validation_text(tok, text_corpus):
-    from hrm_edge.train.dataset import encode_documents, load_corpus
-
     cfg = DataConfig(corpus=str(text_corpus))
     windows, _ = make_calibration_set(tok, cfg, samples=20, seq_len=16, seed=0)
     calib_stream = encode_documents(tok, load_corpus(cfg).calib)
@@ -43,8 +49,6 @@ def test_calibration_never_uses_validation_text(tok, text_corpus):
 def test_a_calibration_corpus_leaves_out_the_parity_splits_documents(tok, text_corpus):
     """--calib-corpus of the export's own corpus calibrated on its validation split too, where the gate's windows
     come from: those documents are left out, and the record says so."""
-    from hrm_edge.train.dataset import encode_documents, load_corpus
-
     cfg = DataConfig(corpus=str(text_corpus))
     val = load_corpus(cfg).val
     windows, record = make_calibration_set(tok, cfg, samples=40, seq_len=16, seed=0, calib_corpus=str(text_corpus))
@@ -57,8 +61,6 @@ def test_a_calibration_corpus_cut_into_pieces_leaves_out_validation_text(tok, te
     """A calibration folder of few files is cut into pieces, which never equal a validation document: validation text
     given that way was calibrated on (every validation text as a file of its own: none left out). Pieces within or
     holding a validation text are left out now."""
-    from hrm_edge.train.dataset import encode_documents, load_corpus
-
     cfg = DataConfig(corpus=str(text_corpus))
     val = load_corpus(cfg).val
     calib = tmp_path / "calib"
@@ -123,8 +125,6 @@ def test_static_reference_per_step_scales_are_used():
 def test_table_qparams_column_equalization():
     """The tied table's int8 form (per-row x per-column scales) reconstructs a table with a few large
     columns better than per-row scales alone, and stays int8 with |q| <= 127."""
-    from hrm_edge.export.quantize import table_qparams
-
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((64, 16)) * np.where(np.arange(16) < 2, 8.0, 1.0)).astype(np.float32)
     q, row, col = table_qparams(w)
@@ -136,8 +136,6 @@ def test_table_qparams_column_equalization():
 
 
 def test_static_plan_keeps_named_linears_fp32():
-    from hrm_edge.export.quantize import parse_linear_names, static_int8_names
-
     torch.manual_seed(0)
     model = HRMLM(ModelConfig(vocab_size=97, d_model=32, n_heads=4, max_seq_len=32, H_cycles=1, L_cycles=1)).eval()
     windows = np.random.default_rng(0).integers(0, 97, size=(2, 16))
@@ -153,8 +151,6 @@ def test_static_plan_keeps_named_linears_fp32():
 
 def test_quantization_records_describe_each_mode():
     """The manifest's description of each int8 mode (one definition per mode, in quantize.py)."""
-    from hrm_edge.export.quantize import dynamic_quantization, pt2e_quantization, static_onnx_quantization
-
     torch.manual_seed(0)
     model = HRMLM(ModelConfig(vocab_size=97, d_model=32, n_heads=4, max_seq_len=32, H_cycles=1, L_cycles=1)).eval()
     ranges = activation_ranges(model, np.random.default_rng(0).integers(0, 97, size=(2, 16)))
@@ -174,14 +170,6 @@ def test_nbits_graph_has_no_float_block_weights_and_computes_its_reference(tmp_p
     block linears (those reading one input as one node) and the head are MatMulNBits, the
     float table is gone; prefill + decode with the graph computes the eager nbits reference (float rounding and
     the kernel's run-time rounding apart), and 4-bit weights move the logits further from fp32 than 8-bit ones."""
-    import onnx
-
-    from hrm_edge.export.onnx import export_onnx_decode, quantize_nbits
-    from hrm_edge.export.onnx_passes import loop_and_body, step_op_counts
-    from hrm_edge.export.quantize import nbits_reference
-    from hrm_edge.runtime.decoders import OnnxDecoder, decode_logits
-    from hrm_edge.verify.reference import eager_logits
-
     torch.manual_seed(0)  # vocabulary and width large enough that the exporter keeps the tied head's Transpose
     cfg = ModelConfig(vocab_size=512, d_model=64, n_heads=4, ffn_hidden=128, max_seq_len=32, H_cycles=2, L_cycles=1)
     model = HRMLM(cfg).eval()

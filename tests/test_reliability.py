@@ -11,7 +11,9 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -20,13 +22,18 @@ import torch
 
 from conftest import REPO, run_module
 from test_cli_errors import assert_user_error  # exit 2, no traceback, one `error:` line with each needle
+from hrm_edge.app.demo import export_routes
 from hrm_edge.model.checkpoint import CONFIG, TOKENIZER, WEIGHTS, load_model, save_model
 from hrm_edge.config import ModelConfig, QuantConfig, load_preset
 from hrm_edge.errors import UserError
+from hrm_edge.export.pipeline import EXPORT_MARKER, STAGING, check_output_folder
 from hrm_edge.io import (atomic_write_bytes, folder_lock, one_line_write_errors, publish, sha256_file, staging_folder,
                          write_failure)
-from hrm_edge.runtime.manifest import Artifact, contained_path, manifest_json, read_manifest, verify_files
+from hrm_edge.runtime.manifest import (Artifact, contained_path, expected_sha256, manifest_json, read_manifest,
+                                      verify_files)
 from hrm_edge.model.lm import HRMLM
+from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
+from hrm_edge.verify.parity import REPORT, run_gate, tolerances
 
 SHIPPED_TOKENIZER = REPO / "hrm_edge" / "default_model" / "tokenizer.json"
 FAKE_KV = "hrm.fp32.kv.onnx"  # bytes that are not ONNX: what an edited artifact run with --no-verify looks like
@@ -35,9 +42,6 @@ FAKE_KV = "hrm.fp32.kv.onnx"  # bytes that are not ONNX: what an edited artifact
 def mini_export(root: Path) -> Path:
     """A small consistent export folder: a random tiny model (config.json, model.safetensors), the shipped
     tokenizer, a parity bundle, and one fake KV-cache ONNX artifact; every file listed with its sha256."""
-    from hrm_edge.verify.parity import tolerances
-    from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
-
     root.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(SHIPPED_TOKENIZER)
     torch.manual_seed(0)
@@ -254,8 +258,6 @@ def test_the_gate_keeps_an_earlier_verdict_only_for_the_file_it_was_given_for(ex
     """An artifact the run does not check (its format skipped) keeps its earlier verdict only while its sha256 is
     the manifest's, and the report says the verdict is an earlier run's; a listed web bundle that was modified fails
     the run (the gate re-checks every file the clients read)."""
-    from hrm_edge.verify.parity import REPORT, run_gate
-
     skip = {"onnx": "not asked for (--formats pte)"}
     assert run_gate(export_dir, read_manifest(export_dir), recompute_reference=False, log=lambda *a: None, skip=skip,
                     eager=False)
@@ -277,8 +279,6 @@ def test_the_gate_keeps_an_earlier_verdict_only_for_the_file_it_was_given_for(ex
 
 def test_demo_uses_the_shared_check(export_dir):
     """The demo serves only verified files; a listed web bundle is checked like an artifact."""
-    from hrm_edge.app.demo import export_routes
-
     (export_dir / "web_bundle.bin").write_bytes(b"web bundle bytes")
     edit_manifest(export_dir, lambda m: m.update(web_bundle={"path": "web_bundle.bin",
                                                              "sha256": sha256_file(export_dir / "web_bundle.bin")}))
@@ -295,8 +295,6 @@ def test_demo_uses_the_shared_check(export_dir):
 def test_verification_is_fast_next_to_loading():
     """What verification adds to `complete`'s start-up: sha256 of the files it loads. Measured here on a
     16 MB file (the size of the default model's fp32 KV graph): well under a tenth of a second."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "f"
         path.write_bytes(os.urandom(16 << 20))
@@ -339,8 +337,6 @@ def test_checkpoint_whose_config_does_not_fit_its_weights(tmp_path):
     ("train", {"colour": "red"}, "unknown key(s) colour"),
 ])
 def test_bad_presets_are_one_line(tmp_path, table, values, needle):
-    import tomllib
-
     raw = tomllib.loads((REPO / "hrm_edge" / "train" / "presets" / "tiny.toml").read_text())
     raw[table] = raw.get(table, {}) | values
     path = tmp_path / "bad.toml"
@@ -405,8 +401,6 @@ def test_out_that_holds_other_files_is_refused(tmp_path):
 
 
 def test_an_export_folder_or_the_checkpoint_itself_is_accepted(tmp_path, export_dir):
-    from hrm_edge.export.pipeline import EXPORT_MARKER, check_output_folder
-
     check_output_folder(tmp_path / "new", None)  # created
     check_output_folder(export_dir, None)  # has a manifest
     (export_dir / "manifest.json").unlink()
@@ -420,8 +414,6 @@ def test_an_export_folder_or_the_checkpoint_itself_is_accepted(tmp_path, export_
 def test_a_second_export_into_a_locked_folder_is_refused(tmp_path):
     """The lock is held here (as a running export holds it); an export started meanwhile refuses, naming the
     holder's pid; once released the same command gets past the lock."""
-    from hrm_edge.export.pipeline import EXPORT_MARKER
-
     out, checkpoint = tmp_path / "out", unreadable_checkpoint(tmp_path)
     out.mkdir()
     with folder_lock(out, EXPORT_MARKER):
@@ -434,8 +426,6 @@ def test_a_second_export_into_a_locked_folder_is_refused(tmp_path):
 
 
 def test_a_stale_lock_of_a_killed_export_is_taken_over(tmp_path):
-    from hrm_edge.export.pipeline import EXPORT_MARKER, STAGING
-
     out = tmp_path / "out"
     out.mkdir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -588,8 +578,6 @@ def parity_numbers(art: Artifact) -> dict:
 
 @pytest.mark.slow
 def test_two_exports_are_byte_identical_but_ort_and_pte_layout(two_full_exports):
-    from hrm_edge.runtime.manifest import expected_sha256
-
     first, second = (read_manifest(d) for d in two_full_exports)
     a, b = expected_sha256(first), expected_sha256(second)
     assert set(b) <= set(a) and len(b) < len(a)

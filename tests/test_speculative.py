@@ -3,6 +3,8 @@ Greedy output must equal full-depth greedy decoding token for token; sampling mu
 distribution."""
 import functools
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,7 @@ import torch
 
 from conftest import REPO
 from hrm_edge.app.complete import files_to_load
+from hrm_edge.app.demo import WEB_DIR, web_packages
 from hrm_edge.config import ModelConfig
 from hrm_edge.errors import UserError
 from hrm_edge.export.pipeline import pte_jobs
@@ -310,11 +313,6 @@ def test_round_costs_times_every_call_a_round_makes(default_export):
 
 # ---- the page's context lookup (generate.mjs, under node) ----
 def page_lookup(tmp_path, job: dict) -> dict:
-    import shutil
-    import subprocess
-
-    from hrm_edge.app.demo import WEB_DIR, web_packages
-
     shutil.copytree(WEB_DIR / "js", tmp_path / "js")
     shutil.copyfile(REPO / "tests" / "lookup_fixture.mjs", tmp_path / "lookup_fixture.mjs")
     (tmp_path / "node_modules").symlink_to(web_packages(log=lambda *_: None))

@@ -2,6 +2,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from pytorch_tokenizers import CppHFTokenizer
 
 from hrm_edge.train.tokenizer import EOS, save_tokenizer, train_tokenizer
 
@@ -38,8 +39,6 @@ def test_round_trip(trained):
 
 def test_pytorch_tokenizers_encodes_identically(trained):
     """ExecuTorch's runner tokenizes with pytorch_tokenizers' C++ HF tokenizer: it must agree with ours."""
-    from pytorch_tokenizers import CppHFTokenizer
-
     tok, path, texts = trained
     cpp = CppHFTokenizer()
     cpp.load(str(path))

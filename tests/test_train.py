@@ -6,10 +6,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from conftest import run_module
 from hrm_edge.config import DataConfig, ModelConfig, Preset, TrainConfig, load_preset
 from hrm_edge.train.dataset import encode_documents, fixed_windows, load_corpus, random_batch
 from hrm_edge.errors import UserError
-from hrm_edge.train.loop import check_resume, train
+from hrm_edge.train.loop import check_resume, native_bf16, train
 from hrm_edge.train.tokenizer import load_tokenizer
 
 
@@ -121,8 +122,6 @@ def test_presets_load():
 @pytest.mark.slow
 def test_training_speed_choices_are_measured(tmp_path):
     """--speed-test measures every CPU speed-up choice (fp32, torch.compile, bf16 where native) and writes them."""
-    from conftest import run_module
-
     proc = run_module("hrm_edge.train", "--preset", "tiny", "--speed-test", "--steps", "2", "--threads", "1",
                       "--out", tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -133,8 +132,6 @@ def test_training_speed_choices_are_measured(tmp_path):
                                              "bf16 autocast + torch.compile"]
     assert all(r.get("tokens_per_s", 0) > 0 for r in rows[:2]), rows
     assert rows[0]["vs_fp32"] == 1.0
-    from hrm_edge.train.loop import native_bf16
-    import torch
     for row in rows[2:]:  # measured where the CPU has native bf16, listed with the reason where it has not
         assert (row.get("tokens_per_s", 0) > 0) if native_bf16(torch.device("cpu")) else \
             row["skipped"] == "no native bf16 on this CPU", row

@@ -1,4 +1,6 @@
 """The web parity bundle: format, size, determinism, and that it checks what the parity gate checks."""
+import json
+
 import numpy as np
 import pytest
 
@@ -42,8 +44,6 @@ def test_round_trip_keeps_windows_logits_and_tolerances(tmp_path):
 def test_a_cut_or_edited_bundle_is_one_clear_error(tmp_path):
     """Cut short, its windows or sizes edited: a UserError that says what does not fit, not an IndexError later
     (WebBundle.java refuses the same; its test covers a cut file)."""
-    import json
-
     manifest, bundle = synthetic_export()
     path = write_web_bundle(tmp_path, manifest, bundle)
     good = path.read_bytes()

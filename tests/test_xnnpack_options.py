@@ -6,8 +6,13 @@ import sys
 
 import numpy as np
 import pytest
+import torch
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge_transform_and_lower
 
 from conftest import REPO
+from hrm_edge.runtime.decoders import PteDecoder, decode_logits
+from hrm_edge.runtime.xnnpack_options import set_weight_cache, weight_cache_enabled
 
 # a fresh process: load a program with the cache on or off, run it once, report the resident-memory growth
 # of the load + first run (the weight packing) and a digest of the output
@@ -27,8 +32,6 @@ print(json.dumps({"mb": rss_mb() - before, "out": out.double().sum().item(), "fi
 
 
 def test_the_option_reads_back():
-    from hrm_edge.runtime.xnnpack_options import set_weight_cache, weight_cache_enabled
-
     was = weight_cache_enabled()
     try:
         set_weight_cache(True)
@@ -42,10 +45,6 @@ def test_the_option_reads_back():
 @pytest.fixture(scope="module")
 def shared_linear_pte(tmp_path_factory):
     """One 256 x 1024 fp32 linear (1 MiB) applied 8 times, as our block is: stored once in the file."""
-    import torch
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
     class Shared(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -80,9 +79,6 @@ def test_a_shared_weight_is_packed_once_with_the_cache(shared_linear_pte):
 
 @pytest.mark.slow
 def test_kv_programs_decode_identically_with_the_cache(tiny_export):
-    from hrm_edge.runtime.decoders import PteDecoder, decode_logits
-    from hrm_edge.runtime.xnnpack_options import set_weight_cache
-
     tokens = np.random.default_rng(0).integers(0, 256, size=(2, 24))  # [N, S]
     for name in ("hrm.fp32.kv.pte", "hrm.int8-dynamic.kv.pte"):
         logits = [decode_logits(PteDecoder(tiny_export / name, 1, cache), tokens, 16) for cache in (False, True)]

@@ -49,7 +49,8 @@ from hrm_edge.model.lm import HRMLM, parameter_counts, unique_weight_bytes
 from hrm_edge.quiet import native_stderr_kept_back, quiet_third_party
 from hrm_edge.runtime.decoders import generate
 from hrm_edge.runtime.manifest import BUNDLE, MANIFEST, MANIFEST_FORMAT, REPORT, Artifact, manifest_json
-from hrm_edge.train.dataset import Corpus, check_corpus, encode_documents, fixed_windows, load_corpus
+from hrm_edge.train.dataset import (Corpus, built_corpus_root, check_corpus, encode_documents, fixed_windows,
+                                    load_corpus)
 from hrm_edge.train.loop import train
 from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
 from hrm_edge.verify.parity import load_bundle, perplexity, run_gate, tolerances, write_bundle
@@ -267,6 +268,9 @@ def check_inputs(options: ExportOptions) -> None:
     preset trains: the corpora, the checkpoint's files, the preset, and the depth dial against the model's cycles."""
     check_corpus(options.corpus)
     check_corpus(options.calib_corpus)
+    if options.calib_corpus and built_corpus_root(options.calib_corpus) is None:  # a file or folder of text: read
+        # now, as the int8 stage reads it (not UTF-8, or no text: refused in a moment, not after the fp32 programs)
+        load_corpus(DataConfig(corpus=options.calib_corpus, val_percent=0, calib_percent=100), required_splits=())
     if options.checkpoint is not None:
         check_checkpoint(options.checkpoint)
         check_cycles(options.cycles, ModelConfig.load(Path(options.checkpoint) / CONFIG))
