@@ -199,19 +199,17 @@ def test_evaluate_checks_its_checkpoints_first(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["half"]
 
 
-def test_refused_evaluations_and_benches_leave_no_folder(tmp_path):
-    """A refusal found only when an input is read (a damaged checkpoint, an --ngram file that is not one) or from
-    the export's manifest (--seq-len past its context) left the new --out (or --json folder) behind, empty."""
-    (tmp_path / "ckpt").mkdir()
-    for name in ("config.json", "tokenizer.json"):
-        (tmp_path / "ckpt" / name).write_bytes((REPO / "hrm_edge" / "default_model" / name).read_bytes())
-    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"not tensors")
-    (tmp_path / "not.npz").write_text("x")
-    for args, needle in [((tmp_path / "ckpt", "--out", tmp_path / "o1"), "cannot load model.safetensors"),
-                         ((REPO / "hrm_edge" / "default_model", "--keyboard", "--out", tmp_path / "o2", "--ngram",
-                           tmp_path / "not.npz"), "not an n-gram keyboard file")]:
-        assert_user_error(run_module("hrm_edge.evaluate", *args), needle)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "not.npz"]
+def test_a_refused_evaluation_leaves_no_folder(tmp_path, monkeypatch):
+    """A refusal found only when an input is read (a damaged checkpoint, an --ngram file that is not one, both after
+    the held-out text is read) left the new --out behind, empty; a folder that was there stays."""
+    def refused(*args):
+        raise UserError("the held-out text: refused")
+
+    monkeypatch.setattr(evaluate, "heldout_texts", refused)
+    for out in (tmp_path / "new", tmp_path):
+        with pytest.raises(UserError, match="refused"):
+            evaluate.main([str(REPO / "hrm_edge" / "default_model"), "--out", str(out)])
+    assert tmp_path.is_dir() and list(tmp_path.iterdir()) == []
 
 
 def test_unwritable_out(tmp_path):
