@@ -81,8 +81,9 @@ class Artifact:
             raise UserError(f"manifest artifact {entry.get('path', '?')!r}: "
                             + (f"unknown field(s) {', '.join(unknown)}" if unknown else
                                f"missing field(s) {', '.join(missing)}"))
+        optional = set(names[6:])  # may be null
         wrong = [f"{k} ({type(v).__name__}, not {FIELD_TYPES[k].__name__})" for k, v in entry.items()
-                 if not (v is None and k not in names[:6] or _of_type(v, FIELD_TYPES[k]))]
+                 if not (_of_type(v, FIELD_TYPES[k]) or v is None and k in optional)]
         wrong += [f"{k} (a value not a dict: {{target: {{...}}}})" for k in ("parity", "targets")
                   if isinstance(entry.get(k), dict) and not all(isinstance(r, dict) for r in entry[k].values())]
         if wrong:  # a hand-edited manifest: one line, not a readers' traceback far from the cause
