@@ -47,6 +47,7 @@ from hrm_edge.train.tokenizer import bos_id, eos_id, load_tokenizer
 DEFAULT_OUT = Path("runs/study")
 RESULT = "result.json"
 STUDY_CONFIG = "study_config.json"
+STUDY_JSON, STUDY_TABLE = "study.json", "study.md"  # the study's results and its table
 # the goals
 GOAL_BPB_RATIO = 1.05  # HRM-LM bits/byte <= 1.05 x the 4-layer Transformer's ...
 GOAL_PARAM_RATIO = 0.30  # ... at <= 0.3 x its unique parameters
@@ -443,7 +444,7 @@ def check_study_folder(out: Path, names: list[str], resume: bool) -> list[str]:
     if resume and not started:
         raise UserError(f"--resume: {out} holds no study to continue (no model has started there); leave --resume "
                         "out to start one")
-    own = {*names, STUDY_CONFIG, "study.json", "study.md"}
+    own = {*names, STUDY_CONFIG, STUDY_JSON, STUDY_TABLE}
     entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     other = [name for name in entries if name not in own and not name.startswith(".")]
     if other:
@@ -513,8 +514,8 @@ def run_study(b: Budget, out: Path, options: StudyOptions | None = None, log=pri
         "decode": decode, "goals": goals(by_name, ref, hrm, eq, decode),
         "models": results,
     }
-    atomic_write_text(out / "study.json", json.dumps(study, indent=2) + "\n")
-    atomic_write_text(out / "study.md", render(study))
+    atomic_write_text(out / STUDY_JSON, json.dumps(study, indent=2) + "\n")
+    atomic_write_text(out / STUDY_TABLE, render(study))
     return study
 
 
@@ -571,5 +572,5 @@ def main(argv=None) -> int:
         return 0
     print()
     print(render(study))
-    print(f"wrote {a.out / 'study.json'} and {a.out / 'study.md'}")
+    print(f"wrote {a.out / STUDY_JSON} and {a.out / STUDY_TABLE}")
     return 0
