@@ -8,23 +8,27 @@ native_stderr_to catches the C++ part around the import or load that emits it.
 
     quiet_third_party(verbose)            # once, at the start of a CLI
     with native_stderr_to(None if verbose else tmp / "native.txt"):
-        decoder = PteDecoder(path)        # an exception inside shows what was caught, then propagates
+        decoder = PteDecoder(path)        # a failure inside shows what was caught (a UserError in its one line)
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 import warnings
 from pathlib import Path
+
+from hrm_edge.errors import UserError
 
 # the loggers and warning sources of the runtimes and exporters we load (their own names and sub-loggers)
 THIRD_PARTY = ("torch", "torchao", "executorch", "onnxruntime", "onnx", "onnxscript")
 # ExecuTorch's C++ startup notices (its CPU probe, its threadpool's size): every load writes them, so a failed load's
 # replay leaves them out and shows the lines about the failure
 STARTUP_NOTICES = ("[cpuinfo_utils.cpp:", "[threadpool.cpp:")
+SOURCE_TAG = re.compile(r"^\[[\w.]+:\d+\] ")  # "[program.cpp:114] ": where in the runtime's C++ a line comes from
 
 
 def quiet_third_party(verbose: bool) -> None:
@@ -40,8 +44,9 @@ def quiet_third_party(verbose: bool) -> None:
 @contextlib.contextmanager
 def native_stderr_to(path: Path | str | None):
     """File descriptor 2 (what C/C++ code and sys.stderr write) goes to `path` inside the block, and back after it.
-    None: nothing is redirected (verbose). If the block raises, what was caught is written to the real stderr
-    before the exception propagates (a failed load shows the runtime's own lines, without STARTUP_NOTICES)."""
+    None: nothing is redirected (verbose). If the block raises, what was caught (without STARTUP_NOTICES) is shown: a
+    UserError (a file the runtime refused) is raised again with it in its one line, any other exception propagates
+    after it is written to the real stderr (the runtime's own lines about the failure)."""
     if path is None:
         yield
         return
@@ -52,10 +57,14 @@ def native_stderr_to(path: Path | str | None):
             os.dup2(caught.fileno(), 2)
         try:
             yield
-        except BaseException:
+        except BaseException as e:
             _restore(saved)
             lines = Path(path).read_text(errors="replace").splitlines(keepends=True)
-            sys.stderr.write("".join(line for line in lines if not line.startswith(STARTUP_NOTICES)))
+            lines = [line for line in lines if line.strip() and not line.startswith(STARTUP_NOTICES)]
+            if isinstance(e, UserError) and lines:  # one line: the runtime's reason joins the error's own
+                said = "; ".join(SOURCE_TAG.sub("", line.strip()) for line in lines)
+                raise UserError(f"{e} ({said[:500]})") from None
+            sys.stderr.write("".join(lines))
             sys.stderr.flush()
             raise
     finally:

@@ -34,6 +34,20 @@ warnings.warn_explicit("our warning", UserWarning, "g.py", 1, module="hrm_edge.r
 """
 
 
+REFUSED = """
+import os, sys
+from hrm_edge.errors import UserError, run_cli
+from hrm_edge.quiet import native_stderr_to
+def main(argv):
+    with native_stderr_to(sys.argv[1]):
+        os.write(2, b"[cpuinfo_utils.cpp:125] a startup notice\\n")
+        os.write(2, b"[program.cpp:114] File size is too small.\\n\\n")
+        os.write(2, b"second native line\\n")
+        raise UserError("cannot load x.pte: error 0x23")
+run_cli(main)
+"""
+
+
 def run(code, *args):
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO)
 
@@ -45,6 +59,12 @@ def test_native_stderr_goes_to_the_file_and_is_shown_when_the_block_fails(tmp_pa
     assert proc.stderr == "after the block\nline before a failed load\nverbose line\n"
     assert caught.read_text() == ("[cpuinfo_utils.cpp:125] a startup notice, left out of the replay\n"
                                   "line before a failed load\n")  # the second block's file replaced the first's
+
+
+def test_a_refused_file_is_one_line_with_the_runtimes_reason(tmp_path):
+    proc = run(REFUSED, str(tmp_path / "native.txt"))
+    assert proc.returncode == 2
+    assert proc.stderr == "error: cannot load x.pte: error 0x23 (File size is too small.; second native line)\n"
 
 
 def test_third_party_warnings_and_logs_are_dropped_unless_verbose():

@@ -552,6 +552,19 @@ def test_complete_refuses_each_flipped_artifact_of_a_real_export(tiny_export, tm
     assert proc.returncode == 0 and proc.stdout.startswith("def "), proc.stderr[-2000:]
 
 
+
+@pytest.mark.slow
+def test_a_cut_program_loaded_unverified_is_one_line_with_executorchs_reason(tiny_export, tmp_path):
+    """`complete --no-verify` on a .pte cut short: ExecuTorch's own reason (it writes it to fd 2 from C++) is part
+    of the one error line, and nothing else is printed (it was a native line above the error)."""
+    d = tmp_path / "cut"
+    shutil.copytree(tiny_export, d)
+    os.truncate(d / "hrm.fp32.kv.pte", 100_000)
+    proc = run_module("hrm_edge.complete", "--artifacts", d, "--runtime", "executorch", "--no-verify",
+                      "--max-new-tokens", "4", "def ")
+    assert_user_error(proc, "executorch cannot load hrm.fp32.kv.pte", "File size is too small")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
 # ---- 6. reproducible artifacts ----
 # Two exports of one checkpoint (the seeds come from the checkpoint and the artifact, not from the options): which
 # files are the same bytes. The others differ in layout only, never in what they compute (docs/parity.md): their
