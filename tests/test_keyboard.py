@@ -4,9 +4,12 @@ the page's suggest.mjs (under node) and the Android core's WordSuggester.java.
 The fixture's logits are integer arithmetic on (token ids, position), so Python, JS and Java compute bit-identical
 floats and must agree on every chip (probabilities within 1e-9 relative: softmax sums in a different order)."""
 import json
+import random
 import shutil
 import subprocess
+import sysconfig
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,14 +115,43 @@ def allowed(tokenizer) -> list[int]:
 
 
 def typed(start: str, keys: str) -> list[str]:
-    return [start + keys[:i] for i in range(len(keys) + 1)]
+    """The text after each key (a key "\\b" takes the last character back, as a backspace does)."""
+    texts = [start]
+    for key in keys:
+        texts.append(texts[-1][:-1] if key == "\b" else texts[-1] + key)
+    return texts
 
 
-def python_words(tokenizer, allowed, draft_calls: list | None = None, model_calls: list | None = None) -> list:
-    """The words at every keystroke of SESSIONS, the chains extended by the draft fixture (as the page does);
+def code_sessions(seed: int, count: int = 14) -> list[tuple[str, str]]:
+    """Typing sessions cut from the standard library's modules (random places, seeded): a context of up to 750
+    characters, then 10-40 keys of the text that follows, some sessions with CRLF line ends, tabs for indents,
+    non-ASCII characters among the keys (one outside the BMP) or backspaces."""
+    rng, stdlib = random.Random(seed), Path(sysconfig.get_paths()["stdlib"])
+    modules = [p for p in sorted(stdlib.glob("*.py")) if p.stat().st_size > 4000]
+    out = []
+    for _ in range(count):
+        text = rng.choice(modules).read_text(encoding="utf-8", errors="replace")
+        at = rng.randrange(0, len(text) - 2000)
+        start, keys = text[at + rng.randrange(750, 1500):at + 1500], text[at + 1500:at + 1500 + rng.randrange(10, 40)]
+        variant = rng.randrange(4)
+        if variant == 1:
+            start, keys = start.replace("\n", "\r\n"), keys.replace("\n", "\r\n")
+        elif variant == 2:
+            start, keys = start.replace("    ", "\t"), keys.replace("    ", "\t")
+        elif variant == 3:
+            keys = keys[:5] + "é中𝑥ß" + keys[5:]
+        if rng.random() < 0.5:
+            keys = "".join(k + "\b" * rng.randrange(1, 4) if rng.random() < 0.15 else k for k in keys)
+        out.append((start, keys))
+    return out
+
+
+def python_words(tokenizer, allowed, draft_calls: list | None = None, model_calls: list | None = None,
+                 sessions: list = SESSIONS) -> list:
+    """The words at every keystroke of the sessions, the chains extended by the draft fixture (as the page does);
     draft_calls / model_calls, if given, receive each of the draft's / the model's calls (batch, seq)."""
     out = []
-    for start, keys in SESSIONS:
+    for start, keys in sessions:
         vocab = tokenizer.get_vocab_size()
         model, draft = HashStepModel(allowed, vocab), HashStepModel(allowed, vocab, seed=DRAFT_SEED)
         context = TypedContext(model, draft)
@@ -505,23 +537,24 @@ def page_modules(tmp_path) -> str:
     return node
 
 
-def node_words(tokenizer, allowed, tmp_path, lookahead: bool = False, call_off_at: int | None = None) -> list:
-    """The page's words at every keystroke of SESSIONS (keyboard_fixture.mjs); with the lookahead, its work ahead
+def node_words(tokenizer, allowed, tmp_path, lookahead: bool = False, call_off_at: int | None = None,
+               sessions: list = SESSIONS) -> list:
+    """The page's words at every keystroke of the sessions (keyboard_fixture.mjs); with the lookahead, its work ahead
     called off at every other key at a graph call that varies, or with call_off_at at every key at that call."""
     node = page_modules(tmp_path)
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"tokenizer": str(TOKENIZER), "vocab": tokenizer.get_vocab_size(), "allowed": allowed,
                                "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED, "lookahead": lookahead,
                                "callOffAt": call_off_at,
-                               "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
+                               "sequences": [typed(start, keys) for start, keys in sessions]}))
     proc = subprocess.run([node, str(tmp_path / "keyboard_fixture.mjs"), str(job)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
 
-def assert_same_words(got: list, want: list, who: str):
-    for (start, keys), got_steps, want_steps in zip(SESSIONS, got, want, strict=True):
+def assert_same_words(got: list, want: list, who: str, sessions: list = SESSIONS):
+    for (start, keys), got_steps, want_steps in zip(sessions, got, want, strict=True):
         for text, g, w in zip(typed(start, keys), got_steps, want_steps, strict=True):
             assert [x[:2] + x[3:] for x in g] == [x[:2] + x[3:] for x in w], (who, text, g, w)
             for x, y in zip(g, w):
@@ -604,14 +637,15 @@ def test_python_encodes_the_end_of_a_typed_text(tokenizer, allowed):
     assert max(kept) > len(code) - 200  # it kept most of the text (and its ids were right after the edit too)
 
 
-def java_words(tokenizer, allowed, classes, tmp_path, lookahead: bool = False, call_off_at: int | None = None) -> dict:
-    """The Android core's words at every keystroke of SESSIONS (CoreCli suggest): WordSuggester's, or with the
+def java_words(tokenizer, allowed, classes, tmp_path, lookahead: bool = False, call_off_at: int | None = None,
+               sessions: list = SESSIONS) -> dict:
+    """The Android core's words at every keystroke of the sessions (CoreCli suggest): WordSuggester's, or with the
     lookahead typed as keyboard_fixture.mjs types them through the page's."""
     job = tmp_path / f"job-{lookahead}-{call_off_at}.json"
     job.write_text(json.dumps({"vocab": tokenizer.get_vocab_size(), "allowed": allowed,
                                "max_seq_len": FIXTURE_MAX_SEQ_LEN, "draft_seed": DRAFT_SEED,
                                "lookahead": lookahead, "call_off_at": call_off_at,
-                               "sequences": [typed(start, keys) for start, keys in SESSIONS]}))
+                               "sequences": [typed(start, keys) for start, keys in sessions]}))
     proc = java(classes, "org.hrmedge.core.CoreCli", "suggest", TOKENIZER, job)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
@@ -628,6 +662,20 @@ def test_java_gives_the_same_words(tokenizer, allowed, classes, tmp_path, monkey
     full = []
     python_words(tokenizer, allowed, full)
     assert 0 < out["draft_calls"] < sum(b for b, _ in full), (out["draft_calls"], full)
+
+
+def test_the_three_languages_agree_on_sessions_cut_from_real_code(tokenizer, allowed, classes, tmp_path):
+    """Beside SESSIONS' chosen cases, 14 sessions cut from the standard library at random places (seeded): CRLF line
+    ends, tabs, non-ASCII keys and backspaces, in contexts of up to 750 characters; Python, the page and Java give
+    the same chips at every keystroke, and the page's kept-start encoder the same ids."""
+    sessions = code_sessions(seed=7)
+    assert any("\r\n" in start for start, _ in sessions) and any("\b" in keys for _, keys in sessions)
+    want = python_words(tokenizer, allowed, sessions=sessions)
+    page = node_words(tokenizer, allowed, tmp_path, sessions=sessions)
+    assert_same_words([[step["words"] for step in steps] for steps in page], want, "suggest.mjs", sessions)
+    assert all(step["sameIds"] for steps in page for step in steps)
+    android = java_words(tokenizer, allowed, classes, tmp_path, sessions=sessions)
+    assert_same_words(android["sequences"], want, "WordSuggester.java", sessions)
 
 
 def test_the_android_lookahead_gives_the_same_words(tokenizer, allowed, classes, tmp_path):
