@@ -53,6 +53,7 @@ SESSIONS = [("import o", "s.pa"), ("import os\ndef ", "get_na"), ("class Foo(", 
             ("s = '", "añ 𝑥y 中文 naï"),  # characters of several byte tokens; one outside the BMP
             ("zq_1 = 1\n" + "x\n" * 199, "zq"),  # zq_1 is one line before the typed words' window (step 11)
             ("qq qq qq qq qq qq qq qq\nqq", "(qq) ="),  # a typed word after a symbol takes a model chip's spaces
+            ("qq qq\r\nqq", "qq:\r\n"),  # ... not after a space: after its "\r" the typed qq inserts "qq", not " qq"
             ("a  =  b\na = c\na =\td\na =\n    e\n", "a = "),  # followers: b c d after "a" " = " (a link), not e
             ("old\n" + "new\n" * 198 + "old\n", "ne")]  # the window starts after "old\n": its first word follows ""
 
