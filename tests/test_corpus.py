@@ -255,7 +255,8 @@ def test_pin_prints_recipe_lines(tmp_path, local_index, fake_cache):
 
 def test_bad_flags_are_refused_before_any_download(tmp_path):
     """Each was found only after the downloads started (minutes in) or was a traceback: --jobs out of range, a
-    --cache or --out that cannot be written, a recipe or a --pin @FILE that is not UTF-8."""
+    --cache or --out that cannot be written, a recipe or a --pin @FILE that is not UTF-8, an @FILE not there (it was
+    the errno's text)."""
     blocker = tmp_path / "a_file"
     blocker.write_text("x")  # nothing can be made below a file, even by root
     (tmp_path / "latin1.tsv").write_bytes("caf\xe9\t1.0\n".encode("latin-1"))
@@ -265,7 +266,9 @@ def test_bad_flags_are_refused_before_any_download(tmp_path):
                          (("--cache", blocker / "c"), "not writable"),
                          (("--out", blocker / "o", *cache), "a_file is a file, not a folder"),
                          (("--recipe", tmp_path / "latin1.tsv", *cache), "is not UTF-8 text"),
-                         (("--pin", f"@{tmp_path / 'latin1.tsv'}", *cache), "@FILE of --pin specs is not UTF-8")]:
+                         (("--pin", f"@{tmp_path / 'latin1.tsv'}", *cache), "@FILE of --pin specs is not UTF-8"),
+                         (("--pin", f"@{tmp_path / 'none.txt'}", *cache), "none.txt not found"),
+                         (("--pin", f"@{tmp_path}", *cache), "is a folder")]:
         proc = run_module("hrm_edge.corpus", *args, "--no-progress")
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and needle in lines[0], (args, proc.stderr[-1500:])

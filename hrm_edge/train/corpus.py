@@ -592,9 +592,13 @@ def main(argv: list[str] | None = None) -> int:
                         "license from the sdist's metadata); @FILE reads the specs from a file, one a line")
     p.add_argument("--jobs", type=int, default=3, help="pip downloads run at once (default 3)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    for arg in sys.argv[1:] if argv is None else argv:  # argparse reads an @FILE itself: its errno text otherwise
+        if arg.startswith("@") and not Path(arg[1:]).is_file():
+            raise UserError(f"{arg}: the file of --pin specs {arg[1:]} "
+                            + ("is a folder" if Path(arg[1:]).is_dir() else "not found"))
     try:
         a = p.parse_args(argv)
-    except UnicodeDecodeError:  # argparse reads an @FILE itself
+    except UnicodeDecodeError:
         raise UserError("an @FILE of --pin specs is not UTF-8 text") from None
     if not 1 <= a.jobs <= 64 or a.project_cap < 1:
         raise UserError("--jobs must be in 1..64 and --project-cap >= 1")
