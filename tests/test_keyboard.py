@@ -4,6 +4,7 @@ the page's suggest.mjs (under node) and the Android core's WordSuggester.java.
 The fixture's logits are integer arithmetic on (token ids, position), so Python, JS and Java compute bit-identical
 floats and must agree on every chip (probabilities within 1e-9 relative: softmax sums in a different order)."""
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ from test_demo import DemoServer
 from test_model import make
 from hrm_edge.app.demo import WEB_DIR, web_packages
 from hrm_edge.app.keyboard import (PROFILE_PARTS, BenchSettings, browser_keyboard_bench, call_costs, combined_metrics,
-                                   heldout_text, profile_parts, runs_of, time_split)
+                                   heldout_text, profile_parts, renderer_memory, runs_of, time_split)
 from hrm_edge.app.shared_weights import page_form
 from hrm_edge.errors import UserError
 from hrm_edge.export.onnx import export_onnx_branch, export_onnx_draft
@@ -801,6 +802,19 @@ def python_chips(path, tokenizer, text: str, every: int) -> dict:
             for i in range(every, len(text), every)}
 
 
+def test_renderer_memory_is_the_largest_renderers_from_proc():
+    """Of the renderer processes CDP lists, the one with the largest resident set (here: this process, beside its
+    parent), read from /proc in MB; other types, and processes gone, are left out."""
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    ballast = np.ones(256 << 20, np.uint8)  # 256 MB of private pages: this process is the larger one
+    listed = [{"type": "renderer", "id": os.getppid()}, {"type": "renderer", "id": os.getpid()},
+              {"type": "GPU", "id": 1}, {"type": "renderer", "id": 2 ** 22 + 1}]
+    m = renderer_memory(listed)
+    assert ballast.sum() == 256 << 20 and m["anon_mb"] >= 256 and m["rss_mb"] >= m["anon_mb"]
+    assert m["peak_mb"] >= m["rss_mb"] > int(status["VmRSS"].split()[0]) / 1024
+    assert renderer_memory([{"type": "GPU", "id": os.getpid()}]) is None
+
+
 def test_profile_parts_sum_the_samples_by_function_and_wasm_as_one():
     """A made-up Chromium profile: each sample lasts until the next (timeDeltas in us), idle time is left out,
     onnxruntime's unnamed WASM functions are one part, a JS function is named with its file and line (1-based), and
@@ -847,7 +861,10 @@ def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
         server.close()
     print({k: r[k] for k in ("model", "characters", "median_ms", "p90_ms", "top3_word_accuracy", "keystroke_savings")})
     assert r["model"] == "hrm.int8-nbits.kv.onnx" and r["partial_chips"] == int8["partial_chips"] == 0
-    assert r["load_ms"] > 0 and int8["load_ms"] > 0  # the page's status line, and the bench's own timing
+    # ?model= made the page load the static int8 program itself: its status line gave the load's time
+    assert int8["model"] == "hrm.int8-static-perstep.kv.onnx" and r["load_ms"] > 0 and int8["load_ms"] > 0
+    for m in (r["memory"], int8["memory"]):  # the page's renderer, a few hundred MB (Chromium itself over 100)
+        assert 50 < m["anon_mb"] < m["rss_mb"] <= m["peak_mb"] < 2000, m
     assert fp32["partial_chips"] == 0 and r["word_starts"] > 40
     # the page extends words with the export's branch graph
     assert r["extender"] == int8["extender"] == fp32["extender"] == "branch" and r["threads"] == 1

@@ -516,6 +516,10 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
     print(f"  a call, median (how many): KV graph {kv}" + (f"; {extension} {rows}" if rows else ""))
     print(f"top-3 next-word accuracy at {r['word_starts']} word starts: {r['top3_word_accuracy']:.1%}; keystroke "
           f"savings {r['keystroke_savings']:.1%}; partial-word chips: {r['partial_chips']}")
+    if r["memory"]:  # the page's renderer process, its weights and caches in onnxruntime-web's WASM memory included
+        m = r["memory"]
+        print(f"the page's memory after the typing: {m['anon_mb']:.0f} MB private (V8's heap, the WASM memory), "
+              f"{m['rss_mb']:.0f} MB resident with Chromium's code (peak {m['peak_mb']:.0f} MB)")
     if r["profile"]:
         total = sum(ms for _, ms in r["profile"])
         print(f"where the page's time went (Chromium's sampling profiler, {total:.0f} ms sampled, idle left out; "

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
@@ -31,25 +32,15 @@ PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "i
 # one suggestion call per prefix of each text, in the page, each text from an empty context (the first in the page's
 # own); each call's words as [label, insert, probability, ending]. interval > 0: a typist's keys, one every interval
 # ms, with the page's lookahead (lookahead.mjs) computing ahead in between; each key's ms from when it was due
-TYPE_IN_PAGE = """async ({ texts, model, draft, interval }) => {
+TYPE_IN_PAGE = """async ({ texts, interval }) => {
   const { TypedContext, suggestWords } = await import("/app/js/suggest.mjs");
   const { Lookahead, likelyKeys } = await import("/app/js/lookahead.mjs");
   const { state } = window.hrmDemo;
-  const { BranchModel, KvModel, runtimeInfo } = await import("/app/js/model.mjs");
-  let typing = state.lookahead.context; // the page's typed context
-  // the program's load: its sessions made (weights fetched, graphs optimized) and run once; the page's own, from
-  // its status line
+  const { BranchModel, runtimeInfo } = await import("/app/js/model.mjs");
+  const typing = state.lookahead.context; // the page's typed context, on the program it loaded (?model=)
+  // the program's load: its sessions made (weights fetched, graphs optimized) and run once, from the status line
   const said = /loaded in ([0-9]+) ms/.exec(document.getElementById("status").textContent);
-  let loadMs = said ? Number(said[1]) : null;
-  if (model) { // another of the page's programs, loaded as the page loads it
-    const info = state.config.models.find((m) => m.id === model), n = state.config.max_seq_len;
-    const t = performance.now();
-    const extender = !draft ? null : info.branch_url ? await BranchModel.load(info.branch_url, n, info.weights)
-      : info.draft_url ? await KvModel.load(info.draft_url, n, info.weights) : null;
-    typing = new TypedContext(await KvModel.load(info.url, n, info.weights), extender);
-    await typing.warmUp(state.tokenizer);
-    loadMs = performance.now() - t;
-  }
+  const loadMs = said ? Number(said[1]) : null;
   // where a keystroke's time goes: each graph's session.run, timed around the original
   let calls = []; // this keystroke's (or the work ahead's): [graph (0: KV, 1: draft or branch), rows, tokens a row, ms]
   const timed = (kvModel, graph) => {
@@ -91,7 +82,7 @@ TYPE_IN_PAGE = """async ({ texts, model, draft, interval }) => {
     typed.push(steps);
   }
   aheadCalls += calls.length;
-  return { typed, aheadCalls, loadMs, model: model ?? state.modelInfo.id, userAgent: navigator.userAgent,
+  return { typed, aheadCalls, loadMs, model: state.modelInfo.id, userAgent: navigator.userAgent,
            extender: typing.draft === null ? "full depth" : typing.draft instanceof BranchModel ? "branch"
              : "draft", threads: runtimeInfo().threads };
 }"""
@@ -119,8 +110,8 @@ def heldout_pieces(chars: int) -> list[str]:
 
 @dataclass(frozen=True)
 class BenchSettings:
-    """How browser_keyboard_bench types. model: another of the page's programs (an artifact id such as
-    hrm.fp32.kv.onnx; None: its default). threads: WASM threads. draft: the chains on the branch (else draft) graph
+    """How browser_keyboard_bench types. model: which of the page's programs it loads (?model=, an artifact id such
+    as hrm.fp32.kv.onnx; None: its default). threads: WASM threads. draft: the chains on the branch (else draft) graph
     where the export has one (False: on the full depth). interval_ms > 0: a key every interval_ms, the page's
     lookahead computing ahead in between; 0: a key as soon as the last is done. cpu_slowdown > 1: Chromium's CPU
     throttling slows the page's main thread that many times from before the page loads (DevTools' setting,
@@ -143,7 +134,7 @@ def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings =
     (extender: "branch", "draft" or "full depth"), the threads and the browser. With an interval: ahead, the share of
     keys the lookahead had computed, and ahead_calls, its other graph calls a key. load_ms: how long the program took
     to load (its sessions made and run once; None if the page did not say). profile: profile_parts of the typing
-    (None unless settings.profile)."""
+    (None unless settings.profile). memory: renderer_memory after the typing (None where it cannot be read)."""
     try:
         from playwright.sync_api import Error as PlaywrightError, TimeoutError as PlaywrightTimeout, sync_playwright
     except ImportError:
@@ -156,7 +147,8 @@ def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings =
         cdp = page.context.new_cdp_session(page)
         if settings.cpu_slowdown != 1:
             cdp.send("Emulation.setCPUThrottlingRate", {"rate": settings.cpu_slowdown})
-        page.goto(url + f"?threads={settings.threads}" + ("" if settings.draft else "&draft=0"))
+        page.goto(url + f"?threads={settings.threads}" + ("" if settings.draft else "&draft=0")
+                  + (f"&model={quote(settings.model)}" if settings.model else ""))
         try:
             page.wait_for_function("(s => s.dataset.ready === '1' || s.classList.contains('error'))"
                                    "(document.getElementById('status'))", timeout=120_000)
@@ -164,17 +156,19 @@ def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings =
             raise UserError(f"the page did not load its program in 120 s ({page.inner_text('#status')})") from None
         if page.get_attribute("#status", "data-ready") != "1":
             raise UserError(f"the page could not load its program: {page.inner_text('#status')}")
+        if settings.model and page.get_attribute("#status", "data-model") != settings.model:
+            raise UserError(f"the page loaded {page.get_attribute('#status', 'data-model')}, not {settings.model}")
         if settings.profile:
             cdp.send("Profiler.enable")
             cdp.send("Profiler.setSamplingInterval", {"interval": PROFILE_INTERVAL_US})
             cdp.send("Profiler.start")
         try:
-            out = page.evaluate(TYPE_IN_PAGE, {"texts": texts, "model": settings.model, "draft": settings.draft,
-                                               "interval": settings.interval_ms})
-        except PlaywrightError as e:  # --keyboard-model's program is loaded here: a damaged one cannot be
-            program = settings.model or "the page's program"
-            raise UserError(f"the page could not type with {program}: {e.message.splitlines()[0]}") from None
+            out = page.evaluate(TYPE_IN_PAGE, {"texts": texts, "interval": settings.interval_ms})
+        except PlaywrightError as e:
+            raise UserError(f"the page could not type with {page.get_attribute('#status', 'data-model')}: "
+                            f"{e.message.splitlines()[0]}") from None
         profile = profile_parts(cdp.send("Profiler.stop")["profile"]) if settings.profile else None
+        memory = renderer_memory(browser.new_browser_cdp_session().send("SystemInfo.getProcessInfo")["processInfo"])
         browser.close()
     steps = [s for typed in out["typed"] for s in typed[1:]]  # every keystroke of every text
     ms = np.array([s["ms"] for s in steps])
@@ -187,7 +181,26 @@ def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings =
             "browser": out["userAgent"], "model": out["model"], "extender": out["extender"], "threads": out["threads"],
             "texts": len(texts), "chips": chips, "interval_ms": settings.interval_ms,
             "ahead": float(np.mean([s["ahead"] for s in steps])), "ahead_calls": out["aheadCalls"] / len(steps),
-            "load_ms": out["loadMs"], "cpu_slowdown": settings.cpu_slowdown, "profile": profile}
+            "load_ms": out["loadMs"], "cpu_slowdown": settings.cpu_slowdown, "profile": profile, "memory": memory}
+
+
+def renderer_memory(processes: list[dict]) -> dict | None:
+    """The page's memory after the typing, from Linux's /proc: of Chromium's renderer processes (CDP
+    SystemInfo.getProcessInfo's, type "renderer") the one with the largest resident set, which is the page's:
+    {"rss_mb": its resident set (Chromium's own code included), "anon_mb": its private anonymous memory (V8's heap and
+    the WASM memory, where onnxruntime-web holds the sessions' weights, caches and buffers), "peak_mb": its largest
+    resident set}; None where /proc cannot be read."""
+    found = []
+    for pid in (p["id"] for p in processes if p["type"] == "renderer"):
+        try:
+            fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        kib = {key: int(fields[key].split()[0]) for key in ("VmRSS", "RssAnon", "VmHWM") if key in fields}
+        if len(kib) == 3:
+            found.append({"rss_mb": kib["VmRSS"] / 1024, "anon_mb": kib["RssAnon"] / 1024,
+                          "peak_mb": kib["VmHWM"] / 1024})
+    return max(found, key=lambda m: m["rss_mb"], default=None)
 
 
 def profile_parts(profile: dict) -> list[tuple[str, float]]:

@@ -264,7 +264,9 @@ async function main() {
   for (const m of state.config.models) {
     select.add(new Option(m.passed ? m.label : `${m.label}, failed parity gate`, m.id));
   }
-  select.value = state.config.default_model;
+  // ?model=ID (an artifact id of /demo.json) loads that program first, else the export's default
+  const wanted = new URLSearchParams(location.search).get("model");
+  select.value = state.config.models.some((m) => m.id === wanted) ? wanted : state.config.default_model;
   select.onchange = () => selectModel(select.value).catch((e) => {
     select.value = state.modelInfo?.id ?? select.value; // the program still in use
     fail(e);
