@@ -134,7 +134,8 @@ def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings =
     (extender: "branch", "draft" or "full depth"), the threads and the browser. With an interval: ahead, the share of
     keys the lookahead had computed, and ahead_calls, its other graph calls a key. load_ms: how long the program took
     to load (its sessions made and run once; None if the page did not say). profile: profile_parts of the typing
-    (None unless settings.profile). memory: renderer_memory after the typing (None where it cannot be read)."""
+    (None unless settings.profile). memory: renderer_memory after the typing, with blank_anon_mb, the private
+    memory of a blank page's renderer in the same browser before (None where /proc cannot be read)."""
     try:
         from playwright.sync_api import Error as PlaywrightError, TimeoutError as PlaywrightTimeout, sync_playwright
     except ImportError:
@@ -147,6 +148,9 @@ def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings =
         cdp = page.context.new_cdp_session(page)
         if settings.cpu_slowdown != 1:
             cdp.send("Emulation.setCPUThrottlingRate", {"rate": settings.cpu_slowdown})
+        processes = browser.new_browser_cdp_session()
+        page.goto("about:blank")  # the renderer's memory before the page: Chromium's own
+        blank = renderer_memory(processes.send("SystemInfo.getProcessInfo")["processInfo"])
         page.goto(url + f"?threads={settings.threads}" + ("" if settings.draft else "&draft=0")
                   + (f"&model={quote(settings.model)}" if settings.model else ""))
         try:
@@ -168,7 +172,9 @@ def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings =
             raise UserError(f"the page could not type with {page.get_attribute('#status', 'data-model')}: "
                             f"{e.message.splitlines()[0]}") from None
         profile = profile_parts(cdp.send("Profiler.stop")["profile"]) if settings.profile else None
-        memory = renderer_memory(browser.new_browser_cdp_session().send("SystemInfo.getProcessInfo")["processInfo"])
+        memory = renderer_memory(processes.send("SystemInfo.getProcessInfo")["processInfo"])
+        if memory and blank:
+            memory["blank_anon_mb"] = blank["anon_mb"]
         browser.close()
     steps = [s for typed in out["typed"] for s in typed[1:]]  # every keystroke of every text
     ms = np.array([s["ms"] for s in steps])
