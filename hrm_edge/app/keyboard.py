@@ -5,8 +5,8 @@ thread by default, as a phone page without cross-origin isolation gets), and typ
 time through the page's own suggestWords (hrm_edge/app/web/js/suggest.mjs), each key as soon as the last one's chips
 are there, or one every --keyboard-interval ms as a typist types, the page's lookahead (lookahead.mjs) computing the
 likeliest next keys' chips in between. Reports the time per keystroke (median, p90), top-3 next-word accuracy at word
-starts and keystroke savings (keyboard_metrics), and checks that every chip is a whole word. Needs playwright (pip
-install '.[test]') and Debian's chromium.
+starts and keystroke savings (keyboard_metrics), the page's memory after the typing (renderer_memory), and checks that
+every chip is a whole word. Needs playwright (pip install '.[test]') and Debian's chromium.
 """
 from __future__ import annotations
 
@@ -191,8 +191,8 @@ def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings =
 
 
 def renderer_memory(processes: list[dict]) -> dict | None:
-    """The page's memory after the typing, from Linux's /proc: of Chromium's renderer processes (CDP
-    SystemInfo.getProcessInfo's, type "renderer") the one with the largest resident set, which is the page's:
+    """A page's memory, from Linux's /proc: of Chromium's renderer processes (CDP SystemInfo.getProcessInfo's, type
+    "renderer") the one with the largest resident set, which is the open page's:
     {"rss_mb": its resident set (Chromium's own code included), "anon_mb": its private anonymous memory (V8's heap and
     the WASM memory, where onnxruntime-web holds the sessions' weights, caches and buffers), "peak_mb": its largest
     resident set}; None where /proc cannot be read."""
