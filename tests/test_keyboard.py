@@ -865,6 +865,7 @@ def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
     assert int8["model"] == "hrm.int8-static-perstep.kv.onnx" and r["load_ms"] > 0 and int8["load_ms"] > 0
     for m in (r["memory"], int8["memory"]):  # the page's renderer, a few hundred MB (Chromium itself over 100)
         assert 10 < m["blank_anon_mb"] < m["anon_mb"] < m["rss_mb"] <= m["peak_mb"] < 2000, m
+        assert 0 < m["js_heap_mb"] < m["anon_mb"] - m["blank_anon_mb"], m  # onnxruntime's memory is not V8's objects
     assert fp32["partial_chips"] == 0 and r["word_starts"] > 40
     # the page extends words with the export's branch graph
     assert r["extender"] == int8["extender"] == fp32["extender"] == "branch" and r["threads"] == 1
