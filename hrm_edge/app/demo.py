@@ -518,10 +518,9 @@ def keyboard_bench(server: ThreadingHTTPServer, a) -> int:
           f"savings {r['keystroke_savings']:.1%}; partial-word chips: {r['partial_chips']}")
     if r["memory"]:  # the page's renderer process, its weights and caches in onnxruntime-web's WASM memory included
         m = r["memory"]
-        print(f"the page's memory after the typing: {m['anon_mb']:.0f} MB private (V8's heap: "
-              f"{m.get('js_heap_mb', float('nan')):.0f} MB of JS objects, the WASM memory; a blank page's "
-              f"{m.get('blank_anon_mb', float('nan')):.0f} MB), {m['rss_mb']:.0f} MB resident with Chromium's code "
-              f"(peak {m['peak_mb']:.0f} MB)")
+        print(f"the page's memory after the typing: {m['anon_mb']:.0f} MB private (V8's heap: {m['js_heap_mb']:.0f} MB "
+              f"of JS objects, the WASM memory; a blank page's {m['blank_anon_mb']:.0f} MB), {m['rss_mb']:.0f} MB "
+              f"resident with Chromium's code (peak {m['peak_mb']:.0f} MB)")
     if r["profile"]:
         total = sum(ms for _, ms in r["profile"])
         print(f"where the page's time went (Chromium's sampling profiler, {total:.0f} ms sampled, idle left out; "

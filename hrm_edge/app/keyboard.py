@@ -135,8 +135,8 @@ def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings =
     keys the lookahead had computed, and ahead_calls, its other graph calls a key. load_ms: how long the program took
     to load (its sessions made and run once; None if the page did not say). profile: profile_parts of the typing
     (None unless settings.profile). memory: renderer_memory after the typing and a garbage collection, with
-    blank_anon_mb, the private memory of a blank page's renderer in the same browser before, and js_heap_mb, what
-    V8's heap holds (onnxruntime-web's WASM memory not included) (None where /proc cannot be read)."""
+    blank_anon_mb, the private memory of a blank page's renderer in the same browser before (nan if unread), and
+    js_heap_mb, what V8's heap holds (onnxruntime-web's WASM memory not included) (None where /proc cannot be read)."""
     try:
         from playwright.sync_api import Error as PlaywrightError, TimeoutError as PlaywrightTimeout, sync_playwright
     except ImportError:
@@ -175,9 +175,9 @@ def browser_keyboard_bench(url: str, texts: list[str], settings: BenchSettings =
         profile = profile_parts(cdp.send("Profiler.stop")["profile"]) if settings.profile else None
         cdp.send("HeapProfiler.collectGarbage")  # what the page still holds, not garbage V8 has yet to collect
         memory = renderer_memory(processes.send("SystemInfo.getProcessInfo")["processInfo"])
-        if memory and blank:
-            memory["blank_anon_mb"] = blank["anon_mb"]
+        if memory:
             memory["js_heap_mb"] = cdp.send("Runtime.getHeapUsage")["usedSize"] / 2**20  # V8's objects, WASM not
+            memory["blank_anon_mb"] = blank["anon_mb"] if blank else float("nan")
         browser.close()
     steps = [s for typed in out["typed"] for s in typed[1:]]  # every keystroke of every text
     ms = np.array([s["ms"] for s in steps])
