@@ -8,7 +8,7 @@ import { Tokenizer } from "@huggingface/tokenizers";
 globalThis.location = { search: "" }; // model.mjs reads the page's URL
 const { TypedContext, suggestWords } = await import("./js/suggest.mjs");
 const { Lookahead, likelyKeys } = await import("./js/lookahead.mjs");
-const { keptStartEncoder } = await import("./js/model.mjs");
+const { documentStart, keptStartEncoder } = await import("./js/model.mjs");
 const { tokenBytes } = await import("./js/healing.mjs");
 
 // lowbias32: a 32-bit integer hash, the same uint32 arithmetic in Python, JS and Java
@@ -71,6 +71,7 @@ for (const texts of job.sequences) { // one typing session (one cache) per seque
     encode: keptStartEncoder(encodeAll),
     decode: (ids) => hf.decode(ids, { skip_special_tokens: true }),
     bytes,
+    documentStart: documentStart(tokenizerJson),
   };
   const model = new HashModel(job.vocab, job.allowed, job.max_seq_len);
   const draft = job.draft_seed === null ? null : new HashModel(job.vocab, job.allowed, job.max_seq_len, job.draft_seed);

@@ -33,7 +33,8 @@ from hrm_edge.model.lm import BranchForm, DraftForm
 from hrm_edge.runtime import suggest
 from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxStepModel
 from hrm_edge.runtime.suggest import (BRANCHES, CANDIDATES, FOLLOW_SHARE, MAX_EXTRA_TOKENS, TYPED_LINES, TYPED_SHARE,
-                                      Chain, TypedContext, Word, batch_runner, context_window, decide, draft_beside,
+                                      Chain, TypedContext, Word, batch_runner, context_window, decide, document_start,
+                                      draft_beside,
                                       first_decision, first_tokens, healed, healed_start, is_word_char,
                                       keyboard_metrics, link, merge, prefix_probability, read_typed_word, read_word,
                                       softmax64, suggest_words, trailing_word, typed_followers, typed_words,
@@ -226,7 +227,7 @@ def test_batched_steps_and_reused_chains(tokenizer, allowed):
     context = TypedContext(model)
     first = suggest_words(context, tokenizer, "import os\ndef get")
     # one context run, then at most MAX_EXTRA_TOKENS one-token steps with every open chain (and fork) in the batch
-    assert model.calls[0] == (1, len(tokenizer.encode("import os\ndef", add_special_tokens=False).ids))
+    assert model.calls[0] == (1, 1 + len(tokenizer.encode("import os\ndef", add_special_tokens=False).ids))
     # (a first token shorter than " get" spends steps spelling the rest before its MAX_EXTRA_TOKENS)
     assert 1 <= len(model.calls) - 1 <= MAX_EXTRA_TOKENS + len(" get") - 1
     assert all(s == 1 and b <= CANDIDATES * BRANCHES for b, s in model.calls[1:])
@@ -241,7 +242,7 @@ def test_a_context_gone_back_to_is_not_run_again(tokenizer, allowed):
     vocab = tokenizer.get_vocab_size()
     texts = ["import os\ndef g", "import os\ndef ge", "import os\ndef get"]
     contexts = [tuple(ids[:healed(tokenizer, t, ids)[1]]) for t in texts
-                for ids in [tokenizer.encode(t, add_special_tokens=False).ids]]
+                for ids in [document_start(tokenizer) + tokenizer.encode(t, add_special_tokens=False).ids]]
     assert contexts[2] == contexts[0] and len(contexts[1]) > len(contexts[0])  # healing takes back " ge"'s token
     model, draft = HashStepModel(allowed, vocab), HashStepModel(allowed, vocab, seed=DRAFT_SEED)
     context = TypedContext(model, draft)
@@ -279,7 +280,7 @@ def test_a_partial_word_of_several_tokens_is_healed(tokenizer, allowed):
     that are a proper prefix of the taken-back text (when fewer than CANDIDATES start with it) spell the rest."""
     model = HashStepModel(allowed, tokenizer.get_vocab_size())
     context, text = TypedContext(model), "x = 1\nfrob"
-    ids = tokenizer.encode(text, add_special_tokens=False).ids  # ... "\n" "f" "ro" "b"
+    ids = document_start(tokenizer) + tokenizer.encode(text, add_special_tokens=False).ids  # ... "\n" "f" "ro" "b"
     cut = healed_start(tokenizer, ids, "frob")
     assert cut == len(ids) - 2 and tokenizer.decode(ids[cut:]) == "rob"  # "b" alone holds 1 character
     words = suggest_words(context, tokenizer, text).words
@@ -288,7 +289,8 @@ def test_a_partial_word_of_several_tokens_is_healed(tokenizer, allowed):
     spelled = [tokenizer.decode(c.tokens) for (_, rest, _), c in context.chains.items() if rest]  # shorter first token
     assert spelled and all(d.startswith("rob") or "rob".startswith(d) for d in spelled), spelled
     assert any(d.startswith("rob") for d in spelled), spelled  # spelled the rest, then went on
-    assert healed_start(tokenizer, tokenizer.encode("x = 1\nfr", add_special_tokens=False).ids, "fr") == cut - 1
+    shorter = document_start(tokenizer) + tokenizer.encode("x = 1\nfr", add_special_tokens=False).ids
+    assert healed_start(tokenizer, shorter, "fr") == cut - 1
 
 
 def test_first_tokens_at_a_word_start_rank_the_shorter_ones_with_the_rest(tokenizer):
@@ -342,6 +344,23 @@ def test_the_words_already_typed_join_the_models():
     assert words[1].probability == TYPED_SHARE * 2 / 10 + FOLLOW_SHARE * 2 / 3
 
 
+def test_the_context_starts_a_document(tokenizer, allowed):
+    """Step 1: the ids start with <|eos|>, which training puts after every file: an empty text gets the words a file
+    starts with, and the first token can be healed; a window that drops the text's start drops it too."""
+    eos = tokenizer.token_to_id("<|eos|>")
+    assert document_start(tokenizer) == [eos]
+    model = HashStepModel(allowed, tokenizer.get_vocab_size())
+    context = TypedContext(model)
+    empty = suggest_words(context, tokenizer, "").words
+    assert model.calls[0] == (1, 1) and context.ids == [eos] and len(empty) == 3
+    suggest_words(context, tokenizer, "im")  # one token, taken back: the chains spell it after <|eos|> alone
+    assert context.ids == [eos]
+    text = "import os\n" * 60
+    suggest_words(context, tokenizer, text)
+    ids = context_window([eos] + tokenizer.encode(text, add_special_tokens=False).ids, model.max_seq_len)
+    assert eos not in ids and context.ids == ids[:len(context.ids)] and len(context.ids) >= len(ids) - 2
+
+
 def test_at_a_word_start_the_models_words_are_given_the_typed_text(tokenizer, allowed, monkeypatch):
     """Step 11: at a word start the model's probabilities are divided by Z, the probability that the next token fits
     the taken-back text (its non-empty text starts with it or is a proper prefix of it); mid-word they are kept."""
@@ -359,7 +378,7 @@ def test_at_a_word_start_the_models_words_are_given_the_typed_text(tokenizer, al
 
     text = "import os\ndef "
     context, given = words(text)
-    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    ids = document_start(tokenizer) + tokenizer.encode(text, add_special_tokens=False).ids
     partial, cut, prefix = healed(tokenizer, text, ids)
     row = softmax64(context.update(ids[:cut]))
     vocab = context.token_texts(tokenizer, len(row))

@@ -41,6 +41,8 @@ WORD_RUN = re.compile(r"\w+")  # a word: Python's \w on str is is_word_char's cl
 BYTE_OF = byte_decoder()  # a byte-level BPE piece's character -> its byte (token healing)
 KEEP_BACK_CHARS = 64  # KeptStartEncoder keeps the ids of a start of the text at least this far before its end
 SPACES = " \t\n\r\f\v"
+# training puts this token after every file, so before the next: the text typed is read as one file from its start
+DOCUMENT_START = "<|eos|>"
 
 
 @dataclass
@@ -165,6 +167,12 @@ class TypedContext:
     def tokens_starting(self, prefix: str) -> np.ndarray | None:
         """The ids that may fit `prefix` (those whose text starts with its first character); None: all."""
         return self._by_first.get(prefix[:1], np.zeros(0, np.int64)) if prefix else None
+
+
+def document_start(tokenizer) -> list[int]:
+    """Step 1: the id that goes before the text's (none where the tokenizer lacks it)."""
+    start = tokenizer.token_to_id(DOCUMENT_START)
+    return [start] if start is not None else []
 
 
 def graphs_beside(kv_graph: Path) -> tuple[Path, Path] | None:
@@ -542,7 +550,7 @@ def suggest_words(context: TypedContext, tokenizer, text: str, n: int = 3) -> Su
     """The n most likely whole next words after `text` (the text before the cursor); see docs/keyboard.md.
     tokenizer: a tokenizers.Tokenizer (hrm_edge.train.tokenizer.load_tokenizer)."""
     start = time.perf_counter()
-    ids = context_window(context.encode(tokenizer, text), context.model.max_seq_len)
+    ids = context_window(document_start(tokenizer) + context.encode(tokenizer, text), context.model.max_seq_len)
     if not ids:
         return Suggestions([], 0.0)
     partial, cut, prefix = healed(tokenizer, text, ids)
@@ -599,12 +607,13 @@ def read_typed_word(context: TypedContext, tokenizer, text: str, following: str)
     word, ending, probability), "" (dead) or None (still open, or the tokens of text + following do not start with
     the context's). A word whose probability beats the bar's last chip, or that had a free slot, was missed by the
     search (first tokens, greedy chains), not ranked below the chips by the model."""
-    encoded = context.encode(tokenizer, text)  # the ids suggest_words read for this text
+    start = document_start(tokenizer)
+    encoded = start + context.encode(tokenizer, text)  # the ids suggest_words read for this text
     ids = context_window(encoded, context.model.max_seq_len)
     if not ids:
         return None
     partial, cut, prefix = healed(tokenizer, text, ids)
-    typed = tokenizer.encode(text + following, add_special_tokens=False).ids[len(encoded) - len(ids):]
+    typed = (start + tokenizer.encode(text + following, add_special_tokens=False).ids)[len(encoded) - len(ids):]
     rest = typed[cut:context.model.max_seq_len]
     if typed[:cut] != ids[:cut] or not rest:
         return None

@@ -28,7 +28,13 @@ export async function loadTokenizer(url) {
     encode: keptStartEncoder((text) => tokenizer.encode(text, { add_special_tokens: false }).ids),
     decode: (ids) => tokenizer.decode(ids, { skip_special_tokens: true }),
     bytes: tokenBytes(json), // of every token id, for token healing
+    documentStart: documentStart(json), // the id the suggestions' context starts with (docs/keyboard.md step 1)
   };
+}
+
+// The id of <|eos|>, which training puts after every file, so before the next one; null if the tokenizer lacks it.
+export function documentStart(json) {
+  return json.added_tokens.find((t) => t.content === "<|eos|>")?.id ?? null;
 }
 
 // encodeAll (text -> ids) for a text typed a key at a time, without encoding all of it at every keystroke: the ids

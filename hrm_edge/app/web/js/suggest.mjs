@@ -376,7 +376,10 @@ function memoDecoder(tokenizer) {
 // The ids of `text` in the context window, the index of the first one token healing takes back (the context is
 // ids[:cut], the chains spell the rest) and the partial word.
 export function typedIds(tokenizer, text, maxSeqLen) {
-  const ids = contextWindow(tokenizer.encode(text), maxSeqLen);
+  // step 1: the document start first (training puts it after every file, so the text is read as a file from its
+  // start); null where the tokenizer has none
+  const start = tokenizer.documentStart ?? null;
+  const ids = contextWindow(start === null ? tokenizer.encode(text) : [start, ...tokenizer.encode(text)], maxSeqLen);
   const partial = trailingWord(text);
   // token healing: the last token, and earlier ones until HEAL_CHARS characters of the partial word, are
   // taken back; the chains spell their text again

@@ -100,6 +100,7 @@ public final class WordSuggester {
     /** The typed words that followed the same word and link as the cursor's: their share (step 11). */
     static final double FOLLOW_SHARE = 0.25;
     private static final String SPACES = " \t\n\r\f\013"; // \013: vertical tab
+    private static final String DOCUMENT_START = "<|eos|>";
 
     private final StepModel model, extender; // extender: the draft model, or the model itself
     private final ByteLevelBpe tokenizer;
@@ -188,7 +189,7 @@ public final class WordSuggester {
     }
 
     public List<Suggestion> suggest(String text, int n) {
-        int[] ids = contextWindow(typed.encode(text), model.maxSeqLen());
+        int[] ids = contextWindow(documentIds(text), model.maxSeqLen());
         if (ids.length == 0) return new ArrayList<>();
         String partial = trailingWord(text);
         boolean midWord = !partial.isEmpty();
@@ -389,7 +390,7 @@ public final class WordSuggester {
         for (Suggestion w : words) {
             if (!w.insert.isEmpty()) addKey(keys, new String(Character.toChars(w.insert.codePointAt(0))), count);
         }
-        int[] ids = contextWindow(typed.encode(text), model.maxSeqLen());
+        int[] ids = contextWindow(documentIds(text), model.maxSeqLen());
         if (keys.size() >= count || cachedLogits == null || ids.length == 0) return keys;
         int cut = healedStart(ids, trailingWord(text));
         String prefix = tokenizer.decode(Arrays.copyOfRange(ids, cut, ids.length));
@@ -546,6 +547,18 @@ public final class WordSuggester {
     /** Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back
      *  text holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is
      *  one the model rarely saw); at least one id stays (with fewer than 2 ids nothing is taken back). */
+    /** Step 1: the text's ids after the document start, {@code <|eos|>} (training puts it after every file, so before the
+     *  next: the text is read as a file from its start); without it where the tokenizer lacks it. */
+    private int[] documentIds(String text) {
+        int[] ids = typed.encode(text);
+        Integer start = tokenizer.specialId(DOCUMENT_START);
+        if (start == null) return ids;
+        int[] out = new int[ids.length + 1];
+        out[0] = start;
+        System.arraycopy(ids, 0, out, 1, ids.length);
+        return out;
+    }
+
     private int healedStart(int[] ids, String partial) {
         if (ids.length < 2) return ids.length;
         int j = ids.length - 1, chars = Math.min(codePoints(partial), HEAL_CHARS);

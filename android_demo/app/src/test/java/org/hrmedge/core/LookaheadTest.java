@@ -111,7 +111,7 @@ public class LookaheadTest {
         Lookahead.Result again = look.suggest("c a c", 3);
         assertFalse(again.ahead);
         assertEquals(want, labels(again.words));
-        assertEquals("0:3", model.calls.get(0)); // the context "c", " a", " " from position 0, not from the cache
+        assertEquals("0:4", model.calls.get(0)); // <|eos|>, "c", " a", " " from position 0, not the cache
     }
 
     @Test
@@ -119,13 +119,18 @@ public class LookaheadTest {
         WordSuggester suggester = new WordSuggester(new WordSuggesterTest.FakeModel(), TestTokenizer.load());
         List<WordSuggester.Suggestion> words = suggester.suggest("c ", 3);
         assertEquals(List.of("a", "b"), suggester.likelyKeys("c ", words, 2));
-        // after "c" (one token, nothing taken back), the chips' "b" and "c", then the first characters of the tokens
-        // that may follow, by summed probability: " a" 2, " b" 1, " " 0 start with " "; "a" "b" "c" "(" at -20
-        // (ties in token order); the special tokens have no text
+        // with no chips: the first characters of the tokens that go on from the taken-back " ", by summed probability
+        // (" a" 2, " b" 1)
+        assertEquals(List.of("a", "b"), suggester.likelyKeys("c ", List.of(), 3));
+        // "c" is taken back after <|eos|> (step 1): the chains spell it again; no token goes on from "c"
         words = suggester.suggest("c", 3);
-        assertEquals(List.of("cb|b|(", "cc|c| a"), labels(words));
-        assertEquals(List.of("b", "c", " "), suggester.likelyKeys("c", words, 3));
-        assertEquals(List.of(" ", "a", "b"), suggester.likelyKeys("c", List.of(), 3));
-        assertEquals(List.of(), suggester.likelyKeys("", List.of(), 3));
+        assertEquals(List.of("cb|b|("), labels(words));
+        assertEquals(List.of("b"), suggester.likelyKeys("c", words, 3));
+        // an empty text: the context is <|eos|> and nothing is taken back, so every token's first character counts:
+        // the chips' first ("c" and "b" at -20 after <|eos|>, each ending as the fake model goes on), then "(" 5
+        words = suggester.suggest("", 3);
+        assertEquals(List.of("c|c| a", "b|b|("), labels(words));
+        assertEquals(List.of("c", "b", "("), suggester.likelyKeys("", words, 3));
+        assertEquals(List.of("(", " ", "a"), suggester.likelyKeys("", List.of(), 3)); // " " thrice at -20; ties: token order
     }
 }

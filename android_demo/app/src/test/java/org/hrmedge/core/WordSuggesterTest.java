@@ -64,18 +64,18 @@ public class WordSuggesterTest {
         double fromModel = Math.exp(0) / z * pNext() * (1 + pSpace) / given; // " ", ("  "), "c"
         assertTrue(keep * fromModel < WordSuggester.TYPED_SHARE);
         assertEquals(keep * fromModel + WordSuggester.TYPED_SHARE, words.get(2).probability, 1e-15);
-        assertEquals("0:1", model.calls.get(0)); // the context "c" at position 0
-        assertTrue(model.calls.subList(1, model.calls.size()).stream().allMatch(c -> c.matches("[123]:1")));
+        assertEquals("0:2", model.calls.get(0)); // the context <|eos|> "c" at position 0 (step 1)
+        assertTrue(model.calls.subList(1, model.calls.size()).stream().allMatch(c -> c.matches("[234]:1")));
     }
 
     @Test
     public void reusesTheCacheAndTheChainsWhileTheContextIsUnchanged() {
         FakeModel model = new FakeModel();
         WordSuggester s = new WordSuggester(model, TestTokenizer.load());
-        // "c", " a", " ", "c", " b": " b" is taken back (context: the first 4 tokens); its chain, which has not
+        // <|eos|>, "c", " a", " ", "c", " b": " b" is taken back (context: the first 5 tokens); its chain, which has not
         // started a word after the typed "b", forks ("b" "(" and "a" "a"...), and " " spells "b" first
         assertEquals(List.of("bb|b|("), labels(s.suggest("c a c b", 3))); // mid-word: the completed word
-        assertEquals("0:4", model.calls.get(0));
+        assertEquals("0:5", model.calls.get(0));
         model.calls.clear();
         assertEquals(List.of("bb|b|("), labels(s.suggest("c a c b", 3)));
         assertEquals(List.of(), model.calls); // the same context and chains (forks included): nothing runs
@@ -100,10 +100,11 @@ public class WordSuggesterTest {
             }
         };
         // candidates " ", " a", " b" (ties: lower id first), each extended by MAX_EXTRA_TOKENS "a" and still open;
-        // " " forks at its first step (" " "a" and " " " "), and its fork runs right after it, from position 2
+        // " " forks at its first step (" " "a" and " " " "), and its fork runs right after it, from position 3
+        // (position 0: <|eos|>, step 1)
         // no word of the model's: the one chip is the word typed before (step 11)
         assertEquals(List.of("c|c| "), labels(new WordSuggester(onlyA, TestTokenizer.load()).suggest("c ", 3)));
-        assertEquals(List.of(0, 1, 2, 3, 4, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4), starts);
+        assertEquals(List.of(0, 2, 3, 4, 5, 3, 4, 5, 2, 3, 4, 5, 2, 3, 4, 5), starts);
     }
 
     @Test
