@@ -724,7 +724,7 @@ def test_java_and_the_page_guess_the_same_next_keys(tokenizer, allowed, classes,
     page_keys = [[step["likely"] for step in steps] for steps in node_words(tokenizer, allowed, tmp_path / "node")]
     assert java_keys == page_keys
     keys = [k for steps in java_keys for k in steps]
-    assert sum(len(k) == 3 for k in keys) > len(keys) // 2 and [] in keys  # mostly 3; none after the empty text
+    assert sum(len(k) == 3 for k in keys) > len(keys) // 2 and [] in keys  # mostly 3; none where nothing goes on
     # and some keys came from the tokens (fewer than 3 different first characters among the chips)
     words = python_words(tokenizer, allowed)
     firsts = [len({w[1][0] for w in step if w[1]}) for steps in words for step in steps]
