@@ -34,8 +34,7 @@ from hrm_edge.runtime import suggest
 from hrm_edge.runtime.decoders import OnnxBranchModel, OnnxStepModel
 from hrm_edge.runtime.suggest import (BRANCHES, CANDIDATES, FOLLOW_SHARE, MAX_EXTRA_TOKENS, TYPED_LINES, TYPED_SHARE,
                                       Chain, TypedContext, Word, batch_runner, context_window, decide, document_start,
-                                      draft_beside,
-                                      first_decision, first_tokens, healed, healed_start, is_word_char,
+                                      draft_beside, first_decision, first_tokens, healed, healed_start, is_word_char,
                                       keyboard_metrics, link, merge, prefix_probability, read_typed_word, read_word,
                                       softmax64, suggest_words, trailing_word, typed_followers, typed_words,
                                       with_typed_words, words_settled)
@@ -858,7 +857,7 @@ def test_profile_parts_sum_the_samples_by_function_and_wasm_as_one():
 def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
     """The page's suggestWords typing code at a phone viewport: whole words only, Python onnxruntime's chips on the
     same graphs, and the figures (printed; speed goals are not asserted here, only that Chromium's CPU throttling
-    takes effect, with a wide margin: 8x must slow the typing more than 4x)."""
+    takes effect: 8x must slow the typing more than 2x)."""
     try:
         text = heldout_text(600)
     except UserError:
@@ -904,9 +903,11 @@ def test_browser_keyboard_bench(default_export, tokenizer, tmp_path):
     assert "onnxruntime-web's WASM (its kernels)" in parts and any("suggest.mjs:" in part for part in parts), parts
     assert all(r["profile"] is None for r in (r, int8, ahead, astral, quick, slowed))
     assert len(astral["chips"][0]) == len(ASTRAL_TEXT) == astral["characters"]
-    # the same chips, each keystroke slower (4x slowed the bench 4.2-4.5x on 2026-12-05: 4 of 8 leaves a wide margin)
+    # the same chips, each keystroke slower: 8x gave 9-10x on a quiet machine (2026-12-06), but under the suite's
+    # parallel load the unslowed run is the one another test's work slows (3.7x seen in CI: 24.5 ms against 9 quiet),
+    # so only 2x is asserted; throttling that did not take effect gives about 1x
     assert slowed["chips"] == quick["chips"] and (slowed["cpu_slowdown"], quick["cpu_slowdown"]) == (8, 1)
-    assert slowed["median_ms"] > 4 * quick["median_ms"], (slowed["median_ms"], quick["median_ms"])
+    assert slowed["median_ms"] > 2 * quick["median_ms"], (slowed["median_ms"], quick["median_ms"])
     for i, words in python_chips(default_export / "hrm.fp32.kv.onnx", tokenizer, ASTRAL_TEXT, 1).items():
         assert [w[:2] for w in astral["chips"][0][i]] == [w[:2] for w in words], (ASTRAL_TEXT[:i], words)
     # the default: float MatMuls over 8-bit weights (the demo's page form), the same chips as Python on that form

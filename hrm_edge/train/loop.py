@@ -169,13 +169,13 @@ def _tokenizer(preset: Preset, out: Path, corpus: Corpus, resume: bool, group: P
     return tok
 
 
-# what a resumed run may change: how it runs (not what it computes), paths that move with a run's folders (the
-# corpus's split sha256 is checked) and the number of steps (the end moves: the cosine schedule stretches from the
-# resumed step on)
 # a rank other than 0 that meets an input error waits this long before it exits: torchrun ends every process as soon as
 # one exits with an error, and rank 0, which reports the error, may not have printed it yet. torchrun ends the wait
 # as soon as rank 0 exits; it only runs out where rank 0 did not meet the error.
 REPORTER_GRACE_S = 30.0
+# what a resumed run may change: how it runs (not what it computes), paths that move with a run's folders (the
+# corpus's split sha256 is checked) and the number of steps (the end moves: the cosine schedule stretches from the
+# resumed step on)
 MAY_CHANGE_ON_RESUME = {"train": ("threads", "compile", "bf16_autocast", "distill_from", "steps"), "data": ("corpus",)}
 
 

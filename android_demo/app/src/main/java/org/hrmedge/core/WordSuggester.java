@@ -544,11 +544,8 @@ public final class WordSuggester {
         return out.toString();
     }
 
-    /** Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back
-     *  text holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is
-     *  one the model rarely saw); at least one id stays (with fewer than 2 ids nothing is taken back). */
-    /** Step 1: the text's ids after the document start, {@code <|eos|>} (training puts it after every file, so before the
-     *  next: the text is read as a file from its start); without it where the tokenizer lacks it. */
+    /** Step 1: the text's ids after the document start, {@code <|eos|>} (training puts it after every file, so
+     *  before the next: the text is read as a file from its start); without it where the tokenizer lacks it. */
     private int[] documentIds(String text) {
         int[] ids = typed.encode(text);
         Integer start = tokenizer.specialId(DOCUMENT_START);
@@ -559,6 +556,9 @@ public final class WordSuggester {
         return out;
     }
 
+    /** Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back
+     *  text holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is
+     *  one the model rarely saw); at least one id stays (with fewer than 2 ids nothing is taken back). */
     private int healedStart(int[] ids, String partial) {
         if (ids.length < 2) return ids.length;
         int j = ids.length - 1, chars = Math.min(codePoints(partial), HEAL_CHARS);

@@ -131,6 +131,7 @@ public class LookaheadTest {
         words = suggester.suggest("", 3);
         assertEquals(List.of("c|c| a", "b|b|("), labels(words));
         assertEquals(List.of("c", "b", "("), suggester.likelyKeys("", words, 3));
-        assertEquals(List.of("(", " ", "a"), suggester.likelyKeys("", List.of(), 3)); // " " thrice at -20; ties: token order
+        // no chips: "(" 5, then " " (thrice at -20: " ", " a", " b"), then "a" (ties in token order)
+        assertEquals(List.of("(", " ", "a"), suggester.likelyKeys("", List.of(), 3));
     }
 }

@@ -72,8 +72,8 @@ public class WordSuggesterTest {
     public void reusesTheCacheAndTheChainsWhileTheContextIsUnchanged() {
         FakeModel model = new FakeModel();
         WordSuggester s = new WordSuggester(model, TestTokenizer.load());
-        // <|eos|>, "c", " a", " ", "c", " b": " b" is taken back (context: the first 5 tokens); its chain, which has not
-        // started a word after the typed "b", forks ("b" "(" and "a" "a"...), and " " spells "b" first
+        // <|eos|>, "c", " a", " ", "c", " b": " b" is taken back (context: the first 5 tokens); its chain, which has
+        // not started a word after the typed "b", forks ("b" "(" and "a" "a"...), and " " spells "b" first
         assertEquals(List.of("bb|b|("), labels(s.suggest("c a c b", 3))); // mid-word: the completed word
         assertEquals("0:5", model.calls.get(0));
         model.calls.clear();
