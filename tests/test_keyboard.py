@@ -292,6 +292,22 @@ def test_a_partial_word_of_several_tokens_is_healed(tokenizer, allowed):
     assert healed_start(tokenizer, shorter, "fr") == cut - 1
 
 
+def test_a_run_of_whitespace_is_taken_back_whole(tokenizer):
+    """Step 3: typed, a blank line and an indent are the tokens "\n" "\n    " (training shows "\n\n   " " def"):
+    healing takes back the whole run, and no more; mid-word, nothing changes."""
+    def ids(text):
+        return document_start(tokenizer) + tokenizer.encode(text, add_special_tokens=False).ids
+
+    typed = ids("class A:\n    def f(self):\n        return data\n\n    ")
+    assert [tokenizer.decode([i]) for i in typed[-3:]] == [" data", "\n", "\n    "]
+    assert healed_start(tokenizer, typed, "") == len(typed) - 2
+    one = ids("x = 1\n    ")  # a single whitespace token: only it
+    assert tokenizer.decode(one[-1:]) == "\n    " and healed_start(tokenizer, one, "") == len(one) - 1
+    word = ids("x = 1\n\n    frob")  # mid-word: the word's tokens only, not the run before them
+    cut = healed_start(tokenizer, word, "frob")
+    assert "frob".endswith(tokenizer.decode(word[cut:]).strip()) and "\n" not in tokenizer.decode(word[cut:])
+
+
 def test_first_tokens_at_a_word_start_rank_the_shorter_ones_with_the_rest(tokenizer):
     """docs/keyboard.md step 5. "\n        self" is the tokens "\n       " " self": after a typed "\n        " the
     first token that the text is spelled with is a proper prefix of the taken-back text. Put after the tokens that

@@ -202,6 +202,11 @@ def is_word_char(ch: str) -> bool:
     return ch == "_" or unicodedata.category(ch)[0] in "LN"
 
 
+def is_spaces(text: str) -> bool:
+    """Whether text is non-empty and only SPACES."""
+    return text != "" and all(c in SPACES for c in text)
+
+
 def has_word_char(text: str) -> bool:
     return any(is_word_char(ch) for ch in text)
 
@@ -325,9 +330,14 @@ def softmax64(logits: np.ndarray) -> np.ndarray:
 def healed_start(tokenizer, ids: list[int], partial: str) -> int:
     """Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back
     text holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is one
-    the model rarely saw), and earlier ones while it would start inside a character; at least one id stays."""
+    the model rarely saw), earlier ones while both it and the token before are whitespace, and earlier ones while it
+    would start inside a character; at least one id stays."""
     j = len(ids) - 1
     while j > 1 and len(tokenizer.decode(ids[j:])) < min(len(partial), HEAL_CHARS):
+        j -= 1
+    # a run of whitespace at the end is taken back whole: "\n\n    " typed is "\n" "\n    ", a split training never
+    # shows before a word ("\n\n    def" is "\n\n   " " def"), and after "\n" alone the model expects the file's end
+    while j > 1 and is_spaces(tokenizer.decode(ids[j:])) and is_spaces(tokenizer.decode(ids[j - 1:j])):
         j -= 1
     while j > 1 and inside_a_character(tokenizer, ids[j]):  # its text would start with U+FFFD, which any bytes match
         j -= 1

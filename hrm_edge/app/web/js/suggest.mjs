@@ -177,9 +177,15 @@ export function healedStart(tokenizer, ids, partial) {
   const chars = Math.min(codePoints(partial), HEAL_CHARS);
   let j = ids.length - 1;
   while (j > 1 && codePoints(tokenizer.decode(ids.slice(j))) < chars) j--;
+  // a run of whitespace at the end is taken back whole ("\n\n    " typed is "\n" "\n    ", which training never shows
+  // before a word)
+  while (j > 1 && isSpaces(tokenizer.decode(ids.slice(j))) && isSpaces(tokenizer.decode(ids.slice(j - 1, j)))) j--;
   while (j > 1 && (tokenizer.bytes[ids[j]][0] & 0xc0) === 0x80) j--;
   return j;
 }
+
+// Whether text is non-empty and only SPACES.
+const isSpaces = (text) => text !== "" && [...text].every((c) => SPACES.includes(c));
 
 const codePoints = (text) => [...text].length;
 

@@ -563,10 +563,25 @@ public final class WordSuggester {
         if (ids.length < 2) return ids.length;
         int j = ids.length - 1, chars = Math.min(codePoints(partial), HEAL_CHARS);
         while (j > 1 && codePoints(tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length))) < chars) j--;
+        // a run of whitespace at the end is taken back whole ("\n\n    " typed is "\n" "\n    ", which training never
+        // shows before a word)
+        while (j > 1 && isSpaces(tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length)))
+                && isSpaces(tokenizer.decode(Arrays.copyOfRange(ids, j - 1, j)))) {
+            j--;
+        }
         // not inside a character (its text would start with U+FFFD, which any bytes match): a token whose first
         // byte is a UTF-8 continuation byte ends a character the one before it began
         while (j > 1 && startsInsideACharacter(ids[j])) j--;
         return j;
+    }
+
+    /** Whether text is non-empty and only SPACES. */
+    private static boolean isSpaces(String text) {
+        if (text.isEmpty()) return false;
+        for (int i = 0; i < text.length(); i++) {
+            if (SPACES.indexOf(text.charAt(i)) < 0) return false;
+        }
+        return true;
     }
 
     private static int codePoints(String text) {
