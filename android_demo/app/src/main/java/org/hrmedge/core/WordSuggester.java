@@ -558,7 +558,8 @@ public final class WordSuggester {
 
     /** Token healing: the index of the first id taken back. The last id, and earlier ones until the taken-back
      *  text holds HEAL_CHARS characters of the partial word (a context ending in a 1-character piece of a word is
-     *  one the model rarely saw); at least one id stays (with fewer than 2 ids nothing is taken back). */
+     *  one the model rarely saw), earlier ones while both it and the token before are whitespace, and earlier ones
+     *  while it would start inside a character; at least one id stays (with fewer than 2 ids nothing is taken back). */
     private int healedStart(int[] ids, String partial) {
         if (ids.length < 2) return ids.length;
         int j = ids.length - 1, chars = Math.min(codePoints(partial), HEAL_CHARS);
