@@ -204,7 +204,7 @@ def is_word_char(ch: str) -> bool:
 
 def is_spaces(text: str) -> bool:
     """Whether text is non-empty and only SPACES."""
-    return text != "" and all(c in SPACES for c in text)
+    return text != "" and not text.strip(SPACES)
 
 
 def has_word_char(text: str) -> bool:
@@ -337,8 +337,9 @@ def healed_start(tokenizer, ids: list[int], partial: str) -> int:
         j -= 1
     # a run of whitespace at the end is taken back whole: "\n\n    " typed is "\n" "\n    ", a split training never
     # shows before a word ("\n\n    def" is "\n\n   " " def"), and after "\n" alone the model expects the file's end
-    while j > 1 and is_spaces(tokenizer.decode(ids[j:])) and is_spaces(tokenizer.decode(ids[j - 1:j])):
-        j -= 1
+    if is_spaces(tokenizer.decode(ids[j:])):  # (whitespace tokens are ASCII: their texts join as their bytes do)
+        while j > 1 and is_spaces(tokenizer.decode(ids[j - 1:j])):
+            j -= 1
     while j > 1 and inside_a_character(tokenizer, ids[j]):  # its text would start with U+FFFD, which any bytes match
         j -= 1
     return j

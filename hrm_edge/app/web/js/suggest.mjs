@@ -179,7 +179,7 @@ export function healedStart(tokenizer, ids, partial) {
   while (j > 1 && codePoints(tokenizer.decode(ids.slice(j))) < chars) j--;
   // a run of whitespace at the end is taken back whole ("\n\n    " typed is "\n" "\n    ", which training never shows
   // before a word)
-  while (j > 1 && isSpaces(tokenizer.decode(ids.slice(j))) && isSpaces(tokenizer.decode(ids.slice(j - 1, j)))) j--;
+  if (isSpaces(tokenizer.decode(ids.slice(j)))) while (j > 1 && isSpaces(tokenizer.decode(ids.slice(j - 1, j)))) j--;
   while (j > 1 && (tokenizer.bytes[ids[j]][0] & 0xc0) === 0x80) j--;
   return j;
 }

@@ -566,9 +566,8 @@ public final class WordSuggester {
         while (j > 1 && codePoints(tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length))) < chars) j--;
         // a run of whitespace at the end is taken back whole ("\n\n    " typed is "\n" "\n    ", which training never
         // shows before a word)
-        while (j > 1 && isSpaces(tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length)))
-                && isSpaces(tokenizer.decode(Arrays.copyOfRange(ids, j - 1, j)))) {
-            j--;
+        if (isSpaces(tokenizer.decode(Arrays.copyOfRange(ids, j, ids.length)))) {
+            while (j > 1 && isSpaces(tokenizer.decode(Arrays.copyOfRange(ids, j - 1, j)))) j--;
         }
         // not inside a character (its text would start with U+FFFD, which any bytes match): a token whose first
         // byte is a UTF-8 continuation byte ends a character the one before it began
